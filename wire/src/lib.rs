@@ -1,0 +1,17 @@
+//! Types and pure functions shared by the warmpath proxy and the bundled engine.
+//!
+//! Everything here must give byte-identical results in both processes: the proxy tokenizes and
+//! hashes prompts to route them to the replica that already holds their KV blocks, and that only
+//! works when it renders, tokenizes and hashes exactly as the engine does.
+//!
+//! - [`openai`]: OpenAI Chat Completions / Completions wire types and the error shape.
+//! - [`tokenizer`]: the built-in `wp32k` BPE tokenizer (no download) and streaming detokenizer.
+//! - [`chat_template`]: the documented template that turns messages and tools into prompt text.
+//! - [`prefix`]: chained prefix block hashes over token ids (xxh3), as vLLM's prefix cache keys.
+//! - [`kv_events`]: vLLM-compatible KV cache events and their msgpack wire format.
+
+pub mod chat_template;
+pub mod kv_events;
+pub mod openai;
+pub mod prefix;
+pub mod tokenizer;
