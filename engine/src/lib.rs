@@ -1,1 +1,25 @@
-pub fn x(){}
+//! warmpath-engine: the bundled vLLM-style backend.
+//!
+//! An OpenAI-compatible server over a real engine: a paged KV cache with prefix caching
+//! ([`block_pool`]), vLLM v1's token-budget scheduler ([`scheduler`]), and an executor that
+//! either runs a llama forward pass on the CPU ([`executor::llama`]) or a timing model
+//! ([`executor::sim`]). It publishes vLLM-compatible KV events ([`kv_events`]) and vLLM's
+//! metric names ([`metrics`]) so that routers and dashboards built for vLLM work unchanged.
+//!
+//! Data flow: HTTP handler ([`server`]) → [`core::Engine::generate`] → engine thread
+//! ([`core`]) runs [`scheduler::Scheduler::step`] in a loop → per-request channel → SSE.
+
+pub mod block_pool;
+pub mod config;
+pub mod core;
+pub mod executor;
+pub mod faults;
+pub mod kv_events;
+mod launch;
+mod math;
+pub mod metrics;
+pub mod model;
+pub mod sampler;
+pub mod scheduler;
+pub mod server;
+pub use launch::{launch, EngineServer};

@@ -54,7 +54,9 @@ pub struct Tokenizer {
 
 impl std::fmt::Debug for Tokenizer {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Tokenizer").field("name", &self.name()).finish()
+        f.debug_struct("Tokenizer")
+            .field("name", &self.name())
+            .finish()
     }
 }
 
@@ -87,7 +89,10 @@ impl Tokenizer {
         }
         let bpe = CoreBPE::new(encoder, special, CL100K_PATTERN)
             .map_err(|e| TokenizerError::Build(e.to_string()))?;
-        Ok(Tokenizer { bpe: Arc::new(bpe), specials: Arc::new(SPECIALS.into_iter().collect()) })
+        Ok(Tokenizer {
+            bpe: Arc::new(bpe),
+            specials: Arc::new(SPECIALS.into_iter().collect()),
+        })
     }
 
     pub fn name(&self) -> &'static str {
@@ -106,12 +111,18 @@ impl Tokenizer {
     /// Encodes text in which special-token strings are the special tokens (rendered templates).
     pub fn encode_with_special(&self, text: &str) -> Vec<u32> {
         let allowed: HashSet<&str> = self.specials.iter().copied().collect();
-        self.bpe.encode(text, &allowed).map(|(ids, _)| ids).unwrap_or_else(|_| self.encode(text))
+        self.bpe
+            .encode(text, &allowed)
+            .map(|(ids, _)| ids)
+            .unwrap_or_else(|_| self.encode(text))
     }
 
     /// The id of a special token such as [`EOS`].
     pub fn special_id(&self, token: &str) -> Option<u32> {
-        SPECIALS.iter().position(|s| *s == token).map(|i| BPE_RANKS + i as u32)
+        SPECIALS
+            .iter()
+            .position(|s| *s == token)
+            .map(|i| BPE_RANKS + i as u32)
     }
 
     pub fn is_special(&self, id: u32) -> bool {
@@ -123,7 +134,9 @@ impl Tokenizer {
         if let Some(bad) = ids.iter().find(|&&id| id as usize >= VOCAB_SIZE) {
             return Err(TokenizerError::UnknownId(*bad));
         }
-        self.bpe.decode_bytes(ids as &[Rank]).map_err(|e| TokenizerError::UnknownId(e.token))
+        self.bpe
+            .decode_bytes(ids as &[Rank])
+            .map_err(|e| TokenizerError::UnknownId(e.token))
     }
 
     /// Text of `ids`; invalid UTF-8 (a multi-byte character cut between ids) becomes U+FFFD.

@@ -1,0 +1,161 @@
+//! Command-line flags of `warmpath-engine`, which are also its configuration.
+
+use std::net::IpAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use clap::{Parser, ValueEnum};
+
+use crate::executor::sim::SimTiming;
+use crate::faults::FaultConfig;
+use crate::model::ModelConfig;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum ExecutorKind {
+    /// The llama forward pass on the CPU.
+    Llama,
+    /// A timing model instead of the math (same scheduler, cache, events and metrics).
+    Sim,
+}
+
+/// warmpath-engine: an OpenAI-compatible, vLLM-style inference server that runs a llama model
+/// on the CPU (or simulates one), with a paged KV cache, prefix caching, continuous batching,
+/// chunked prefill, KV events and vLLM's metrics.
+#[derive(Debug, Clone, Parser)]
+#[command(name = "warmpath-engine", version)]
+pub struct EngineArgs {
+    /// Address to listen on.
+    #[arg(long, default_value = "127.0.0.1")]
+    pub host: IpAddr,
+    /// Port to listen on (0 picks a free one; the chosen address is printed).
+    #[arg(long, default_value_t = 8000)]
+    pub port: u16,
+    /// Which executor computes the steps.
+    #[arg(long, value_enum, default_value_t = ExecutorKind::Llama)]
+    pub executor: ExecutorKind,
+    /// `micro` (2.1M params, for tests), `tiny` (15M, llama2.c stories15M shape) with seeded
+    /// dummy weights, or the path of a llama2.c checkpoint (its vocabulary must fit the
+    /// built-in 32,000-id tokenizer).
+    #[arg(long, default_value = "tiny")]
+    pub model: String,
+    /// Name the model is served under (default: the --model value, or the checkpoint's stem).
+    #[arg(long)]
+    pub served_model_name: Option<String>,
+    /// Seed of the dummy weights.
+    #[arg(long, default_value_t = 0)]
+    pub weight_seed: u64,
+    /// Number of KV cache blocks (capacity = kv-blocks × block-size tokens).
+    #[arg(long, default_value_t = 1024)]
+    pub kv_blocks: usize,
+    /// Tokens per KV cache block.
+    #[arg(long, default_value_t = 16)]
+    pub block_size: usize,
+    /// Turn prefix caching off (every prompt is computed in full).
+    #[arg(long)]
+    pub no_prefix_caching: bool,
+    /// Token budget of one scheduler step (bounds chunked prefill).
+    #[arg(long, default_value_t = 512)]
+    pub max_num_batched_tokens: usize,
+    /// Most sequences running at once.
+    #[arg(long, default_value_t = 16)]
+    pub max_num_seqs: usize,
+    /// Longest prompt + output, in tokens.
+    #[arg(long, default_value_t = 4096)]
+    pub max_model_len: usize,
+    /// Publish KV cache events on a ZMQ PUB socket bound here (e.g. tcp://127.0.0.1:5557).
+    #[arg(long)]
+    pub kv_events_endpoint: Option<String>,
+    /// Topic frame of published KV event messages.
+    #[arg(long, default_value = "")]
+    pub kv_events_topic: String,
+    /// Value of the `engine` label on metrics.
+    #[arg(long, default_value = "0")]
+    pub engine_id: String,
+    /// Largest request body accepted, in bytes (413 above).
+    #[arg(long, default_value_t = 32 << 20)]
+    pub max_body_bytes: usize,
+
+    /// sim: fixed cost of a step that prefills, in milliseconds.
+    #[arg(long, default_value_t = 2.0)]
+    pub sim_prefill_overhead_ms: f64,
+    /// sim: prefill time per uncached prompt token, in microseconds.
+    #[arg(long, default_value_t = 200.0)]
+    pub sim_prefill_us_per_token: f64,
+    /// sim: time per decode step, in milliseconds.
+    #[arg(long, default_value_t = 10.0)]
+    pub sim_itl_ms: f64,
+    /// sim: extra decode slow-down at max-num-seqs running (0.5 = 50 %).
+    #[arg(long, default_value_t = 0.5)]
+    pub sim_load_factor: f64,
+    /// sim: relative jitter bound of step times (0.1 = ±10 %).
+    #[arg(long, default_value_t = 0.1)]
+    pub sim_jitter: f64,
+
+    #[command(flatten)]
+    pub faults: FaultConfig,
+}
+
+impl EngineArgs {
+    /// The model shape and where its weights come from.
+    pub fn model_source(&self) -> ModelSource {
+        match ModelConfig::preset(&self.model) {
+            Some(cfg) => ModelSource::Preset(cfg),
+            None => ModelSource::Checkpoint(PathBuf::from(&self.model)),
+        }
+    }
+
+    pub fn served_name(&self) -> String {
+        self.served_model_name
+            .clone()
+            .unwrap_or_else(|| match self.model_source() {
+                ModelSource::Preset(_) => self.model.clone(),
+                ModelSource::Checkpoint(p) => p
+                    .file_stem()
+                    .map(|s| s.to_string_lossy().into_owned())
+                    .unwrap_or_else(|| self.model.clone()),
+            })
+    }
+
+    pub fn sim_timing(&self) -> SimTiming {
+        let ms = |v: f64| Duration::from_secs_f64(v.max(0.0) / 1e3);
+        SimTiming {
+            prefill_overhead: ms(self.sim_prefill_overhead_ms),
+            prefill_per_token: ms(self.sim_prefill_us_per_token / 1e3),
+            inter_token_latency: ms(self.sim_itl_ms),
+            load_factor: self.sim_load_factor.max(0.0),
+            jitter: self.sim_jitter.clamp(0.0, 0.9),
+            max_num_seqs: self.max_num_seqs,
+        }
+    }
+
+    /// Checks values that clap cannot; the message names the flag.
+    pub fn validate(&self) -> Result<(), String> {
+        let positive = [
+            ("--kv-blocks", self.kv_blocks),
+            ("--block-size", self.block_size),
+            ("--max-num-batched-tokens", self.max_num_batched_tokens),
+            ("--max-num-seqs", self.max_num_seqs),
+            ("--max-model-len", self.max_model_len),
+        ];
+        for (flag, v) in positive {
+            if v == 0 {
+                return Err(format!("{flag} must be positive"));
+            }
+        }
+        self.faults.validate()
+    }
+
+    /// Arguments for an engine in tests and embedded use: defaults, loopback, port 0.
+    pub fn for_tests(model: &str) -> EngineArgs {
+        let mut a = EngineArgs::parse_from(["warmpath-engine", "--port", "0", "--model", model]);
+        a.kv_blocks = 256;
+        a
+    }
+}
+
+/// Where the weights come from.
+#[derive(Debug, Clone)]
+pub enum ModelSource {
+    Preset(ModelConfig),
+    Checkpoint(PathBuf),
+}

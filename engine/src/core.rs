@@ -1,0 +1,302 @@
+//! The engine core: a dedicated thread that owns the scheduler and the executor and runs steps
+//! while there is work, and the [`Engine`] handle through which requests enter.
+//!
+//! Each request gets a channel of [`RequestOutput`]s. Dropping its [`RequestStream`] (a client
+//! that went away) aborts the request at the next step boundary and frees its blocks.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{mpsc as std_mpsc, Arc};
+use std::thread::JoinHandle;
+
+use tokio::sync::mpsc;
+use warmpath_wire::openai::{ApiError, FinishReason};
+
+use crate::block_pool::BlockPool;
+use crate::executor::Executor;
+use crate::kv_events::KvEventSink;
+use crate::metrics::Metrics;
+use crate::scheduler::{SamplingParams, Scheduler, SchedulerConfig, SeqOutput, Sequence};
+
+/// Fixed facts about an engine that the front end needs.
+#[derive(Debug, Clone)]
+pub struct EngineInfo {
+    pub model_name: String,
+    pub vocab_size: usize,
+    pub block_size: usize,
+    pub num_blocks: usize,
+    pub max_model_len: usize,
+    pub prefix_caching: bool,
+}
+
+/// What a request receives after a step.
+#[derive(Debug, Clone, PartialEq)]
+pub struct RequestOutput {
+    pub token: u32,
+    pub finish: Option<FinishReason>,
+    pub num_prompt: usize,
+    pub cached_tokens: usize,
+}
+
+enum Command {
+    Add(Box<Sequence>, mpsc::UnboundedSender<RequestOutput>),
+    Abort(u64),
+    ResetPrefixCache,
+}
+
+/// Handle on a running engine. Cloning the `Arc` shares it; the thread stops once the handle
+/// and every request stream are gone.
+pub struct Engine {
+    tx: std_mpsc::Sender<Command>,
+    info: EngineInfo,
+    next_id: AtomicU64,
+    /// The engine thread; it ends by itself once every sender of commands is dropped.
+    _thread: JoinHandle<()>,
+    pub metrics: Arc<Metrics>,
+}
+
+impl std::fmt::Debug for Engine {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Engine").field("info", &self.info).finish()
+    }
+}
+
+impl Engine {
+    /// Starts the engine thread.
+    pub fn start(
+        info: EngineInfo,
+        sched_cfg: SchedulerConfig,
+        executor: Box<dyn Executor>,
+        metrics: Arc<Metrics>,
+        events: Option<KvEventSink>,
+    ) -> std::io::Result<Engine> {
+        let pool = BlockPool::new(info.num_blocks, info.block_size, events.is_some());
+        let sched = Scheduler::new(sched_cfg, pool);
+        let (tx, rx) = std_mpsc::channel();
+        let m = metrics.clone();
+        let thread = std::thread::Builder::new()
+            .name("engine-core".into())
+            .spawn(move || {
+                EngineLoop {
+                    sched,
+                    exec: executor,
+                    metrics: m,
+                    events,
+                    streams: Default::default(),
+                }
+                .run(rx)
+            })?;
+        Ok(Engine {
+            tx,
+            info,
+            next_id: AtomicU64::new(1),
+            _thread: thread,
+            metrics,
+        })
+    }
+
+    pub fn info(&self) -> &EngineInfo {
+        &self.info
+    }
+
+    /// Queues a request. Fails with a 400 when it cannot fit the model or the cache.
+    pub fn generate(
+        &self,
+        prompt: Vec<u32>,
+        params: SamplingParams,
+        cache_salt: Option<String>,
+    ) -> Result<RequestStream, ApiError> {
+        let info = &self.info;
+        if prompt.is_empty() {
+            return Err(ApiError::invalid_request("the prompt is empty").with_param("prompt"));
+        }
+        if let Some(bad) = prompt.iter().find(|&&t| t as usize >= info.vocab_size) {
+            return Err(ApiError::invalid_request(format!(
+                "token id {bad} is out of vocabulary (size {})",
+                info.vocab_size
+            ))
+            .with_param("prompt"));
+        }
+        if params.max_tokens == 0 {
+            return Err(
+                ApiError::invalid_request("max_tokens must be at least 1").with_param("max_tokens")
+            );
+        }
+        let total = prompt.len() + params.max_tokens;
+        if total > info.max_model_len {
+            return Err(ApiError::invalid_request(format!(
+                "This model's maximum context length is {} tokens. However, you requested {} tokens \
+                 ({} in the messages, {} in the completion). Please reduce the length of the messages or completion.",
+                info.max_model_len,
+                total,
+                prompt.len(),
+                params.max_tokens
+            ))
+            .with_code("context_length_exceeded"));
+        }
+        if total.div_ceil(info.block_size) > info.num_blocks {
+            return Err(ApiError::invalid_request(format!(
+                "the request needs {} KV cache blocks but the cache has {}",
+                total.div_ceil(info.block_size),
+                info.num_blocks
+            )));
+        }
+        let id = self.next_id.fetch_add(1, Ordering::Relaxed);
+        let (otx, orx) = mpsc::unbounded_channel();
+        let seq = Sequence::new(id, prompt, params, cache_salt);
+        self.tx
+            .send(Command::Add(Box::new(seq), otx))
+            .map_err(|_| ApiError::unavailable("the engine has stopped"))?;
+        Ok(RequestStream {
+            id,
+            rx: orx,
+            tx: self.tx.clone(),
+            done: false,
+        })
+    }
+
+    /// Forgets all cached prefixes (`POST /reset_prefix_cache`).
+    pub fn reset_prefix_cache(&self) {
+        let _ = self.tx.send(Command::ResetPrefixCache);
+    }
+}
+
+/// The outputs of one request. Dropping it before the end aborts the request.
+pub struct RequestStream {
+    id: u64,
+    rx: mpsc::UnboundedReceiver<RequestOutput>,
+    tx: std_mpsc::Sender<Command>,
+    done: bool,
+}
+
+impl RequestStream {
+    pub fn id(&self) -> u64 {
+        self.id
+    }
+
+    /// The next output; `None` after the finishing one (or if the engine stopped).
+    pub async fn next(&mut self) -> Option<RequestOutput> {
+        if self.done {
+            return None;
+        }
+        let out = self.rx.recv().await;
+        if out.as_ref().is_none_or(|o| o.finish.is_some()) {
+            self.done = true;
+        }
+        out
+    }
+}
+
+impl Drop for RequestStream {
+    fn drop(&mut self) {
+        if !self.done {
+            let _ = self.tx.send(Command::Abort(self.id));
+        }
+    }
+}
+
+struct EngineLoop {
+    sched: Scheduler,
+    exec: Box<dyn Executor>,
+    metrics: Arc<Metrics>,
+    events: Option<KvEventSink>,
+    streams: std::collections::HashMap<u64, mpsc::UnboundedSender<RequestOutput>>,
+}
+
+impl EngineLoop {
+    fn run(mut self, rx: std_mpsc::Receiver<Command>) {
+        loop {
+            if self.sched.is_idle() {
+                match rx.recv() {
+                    Ok(cmd) => self.handle(cmd),
+                    Err(_) => break, // every handle is gone
+                }
+            }
+            while let Ok(cmd) = rx.try_recv() {
+                self.handle(cmd);
+            }
+            let outputs = self.sched.step(self.exec.as_mut());
+            let stepped = !outputs.is_empty() || self.sched.num_running() > 0;
+            self.deliver(outputs);
+            self.publish();
+            if !stepped && !self.sched.is_idle() {
+                // Waiting work that cannot be admitted (only possible transiently): wait for a
+                // command instead of spinning.
+                match rx.recv() {
+                    Ok(cmd) => self.handle(cmd),
+                    Err(_) => break,
+                }
+            }
+        }
+        tracing::debug!("engine loop stopped");
+    }
+
+    fn handle(&mut self, cmd: Command) {
+        match cmd {
+            Command::Add(seq, tx) => {
+                self.streams.insert(seq.id, tx);
+                self.sched.add(*seq);
+            }
+            Command::Abort(id) => {
+                self.streams.remove(&id);
+                if self.sched.abort(id) {
+                    tracing::debug!(id, "request aborted");
+                }
+            }
+            Command::ResetPrefixCache => self.sched.pool_mut().reset_prefix_cache(),
+        }
+        self.publish();
+    }
+
+    fn deliver(&mut self, outputs: Vec<SeqOutput>) {
+        for o in outputs {
+            if let Some(t) = o.ttft {
+                self.metrics.observe_ttft(t.as_secs_f64());
+            }
+            if let Some(t) = o.itl {
+                self.metrics.observe_itl(t.as_secs_f64());
+            }
+            if let (Some(reason), Some(t)) = (o.finish, &o.timings) {
+                let label = match reason {
+                    FinishReason::Stop => "stop",
+                    FinishReason::Length => "length",
+                    FinishReason::ToolCalls => "tool_calls",
+                    FinishReason::Abort => "abort",
+                };
+                self.metrics.observe_finished(label, t);
+            }
+            let Some(token) = o.token else { continue };
+            let out = RequestOutput {
+                token,
+                finish: o.finish,
+                num_prompt: o.num_prompt,
+                cached_tokens: o.cached_tokens,
+            };
+            let gone = self
+                .streams
+                .get(&o.id)
+                .is_none_or(|tx| tx.send(out).is_err());
+            if o.finish.is_some() || gone {
+                self.streams.remove(&o.id);
+            }
+            if gone && o.finish.is_none() {
+                self.sched.abort(o.id);
+            }
+        }
+    }
+
+    fn publish(&mut self) {
+        self.metrics.add_stats(&self.sched.take_stats());
+        let pool = self.sched.pool();
+        self.metrics.set_state(
+            self.sched.num_running(),
+            self.sched.num_waiting(),
+            pool.usage(),
+        );
+        if let Some(sink) = &self.events {
+            let events = self.sched.pool_mut().take_events();
+            if !events.is_empty() {
+                sink.send(events);
+            }
+        }
+    }
+}

@@ -1,0 +1,33 @@
+//! Executors run one scheduler step: compute the scheduled tokens of every sequence in the
+//! batch, writing their K/V into the paged cache, and sample the next token where a sequence
+//! has reached the end of its known tokens.
+//!
+//! - [`llama::LlamaExecutor`]: the real forward pass on the CPU.
+//! - [`sim::SimExecutor`]: a timing model in place of the math, for fleets of simulated replicas.
+
+pub mod llama;
+pub mod sim;
+
+use crate::block_pool::BlockId;
+use crate::sampler::Sampler;
+
+/// One sequence's share of a step.
+pub struct SeqStep<'a> {
+    /// The tokens to compute this step.
+    pub tokens: &'a [u32],
+    /// Position of `tokens[0]`; positions before it are already in the cache.
+    pub start_pos: usize,
+    /// The sequence's blocks, covering at least `start_pos + tokens.len()` positions.
+    pub block_table: &'a [BlockId],
+    /// Set when the last of `tokens` is the last known token: sample the next one.
+    pub sampler: Option<&'a mut Sampler>,
+}
+
+/// A model executor.
+pub trait Executor: Send {
+    /// `llama` or `sim`, reported in logs and metrics.
+    fn name(&self) -> &'static str;
+
+    /// Runs one step; returns, per entry, the sampled token when its `sampler` was set.
+    fn execute(&mut self, batch: &mut [SeqStep<'_>]) -> Vec<Option<u32>>;
+}

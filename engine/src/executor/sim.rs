@@ -1,0 +1,135 @@
+//! A timing model in place of the math (llm-d-inference-sim's model), so that one machine can
+//! host dozens of replicas: the scheduler, block pool, KV events and metrics are the real ones;
+//! only the forward pass is replaced by a sleep of the time it would have taken.
+//!
+//! A step that prefills `p` uncached tokens and decodes `d` sequences takes
+//! `prefill_overhead·[p>0] + p·prefill_per_token + [d>0]·itl·(1 + load_factor·d/max_num_seqs)`,
+//! each term with bounded multiplicative jitter. Prefix-cache hits shrink `p`, so they shorten
+//! TTFT exactly as on a real engine.
+
+use std::time::Duration;
+
+use super::{Executor, SeqStep};
+use crate::sampler::Rng;
+
+/// Parameters of the timing model.
+#[derive(Debug, Clone)]
+pub struct SimTiming {
+    pub prefill_overhead: Duration,
+    pub prefill_per_token: Duration,
+    pub inter_token_latency: Duration,
+    /// Extra decode slow-down when `max_num_seqs` sequences decode together (0.5 = 50 %).
+    pub load_factor: f64,
+    /// Relative jitter bound (0.1 = ±10 %).
+    pub jitter: f64,
+    pub max_num_seqs: usize,
+}
+
+/// The `sim` executor.
+pub struct SimExecutor {
+    timing: SimTiming,
+    vocab: u32,
+    rng: Rng,
+}
+
+impl SimExecutor {
+    /// `vocab` bounds the ordinary ids it emits (it never emits special tokens, so a sim request
+    /// runs to `max_tokens`).
+    pub fn new(timing: SimTiming, vocab: u32, seed: u64) -> SimExecutor {
+        SimExecutor {
+            timing,
+            vocab,
+            rng: Rng::new(seed),
+        }
+    }
+
+    /// How long a step with `prefill_tokens` to prefill and `decodes` sequences decoding takes.
+    pub fn step_time(&mut self, prefill_tokens: usize, decodes: usize) -> Duration {
+        let t = self.timing.clone();
+        let mut secs = 0.0;
+        if prefill_tokens > 0 {
+            let p = t.prefill_overhead.as_secs_f64()
+                + prefill_tokens as f64 * t.prefill_per_token.as_secs_f64();
+            secs += p * self.jitter();
+        }
+        if decodes > 0 {
+            let load = 1.0 + t.load_factor * decodes as f64 / t.max_num_seqs.max(1) as f64;
+            secs += t.inter_token_latency.as_secs_f64() * load * self.jitter();
+        }
+        Duration::from_secs_f64(secs)
+    }
+
+    fn jitter(&mut self) -> f64 {
+        1.0 + self.timing.jitter * (2.0 * self.rng.next_f32() as f64 - 1.0)
+    }
+}
+
+impl Executor for SimExecutor {
+    fn name(&self) -> &'static str {
+        "sim"
+    }
+
+    fn execute(&mut self, batch: &mut [SeqStep<'_>]) -> Vec<Option<u32>> {
+        let decodes = batch
+            .iter()
+            .filter(|s| s.tokens.len() == 1 && s.start_pos > 0 && s.sampler.is_some())
+            .count();
+        let prefill: usize = batch.iter().map(|s| s.tokens.len()).sum::<usize>() - decodes;
+        std::thread::sleep(self.step_time(prefill, decodes));
+        let vocab = self.vocab;
+        batch
+            .iter_mut()
+            .map(|s| {
+                let sampler = s.sampler.as_deref_mut()?;
+                let last = *s.tokens.last()? as u64;
+                let pos = (s.start_pos + s.tokens.len()) as u64;
+                // Greedy: a fixed function of context; otherwise the request's own RNG.
+                let r = if sampler.is_greedy() {
+                    Rng::new(last.wrapping_mul(0x9E37_79B9).wrapping_add(pos)).next_u64()
+                } else {
+                    sampler.rng().next_u64()
+                };
+                Some((r % vocab as u64) as u32)
+            })
+            .collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn timing() -> SimTiming {
+        SimTiming {
+            prefill_overhead: Duration::from_millis(10),
+            prefill_per_token: Duration::from_micros(100),
+            inter_token_latency: Duration::from_millis(5),
+            load_factor: 1.0,
+            jitter: 0.0,
+            max_num_seqs: 10,
+        }
+    }
+
+    #[test]
+    fn time_follows_the_model() {
+        let mut s = SimExecutor::new(timing(), 100, 1);
+        assert_eq!(s.step_time(0, 0), Duration::ZERO);
+        assert_eq!(s.step_time(1000, 0), Duration::from_millis(110));
+        assert_eq!(
+            s.step_time(0, 10),
+            Duration::from_millis(10),
+            "full load doubles ITL"
+        );
+    }
+
+    #[test]
+    fn jitter_is_bounded() {
+        let mut t = timing();
+        t.jitter = 0.2;
+        let mut s = SimExecutor::new(t, 100, 1);
+        for _ in 0..100 {
+            let d = s.step_time(1000, 0).as_secs_f64();
+            assert!((0.088..=0.132).contains(&d), "{d}");
+        }
+    }
+}

@@ -1,0 +1,131 @@
+//! Assembling an engine server from its flags: weights, executor, engine thread, KV event
+//! publisher and HTTP listener. Used by the binary, by tests, and by the proxy's quick start.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use anyhow::Context;
+use warmpath_wire::tokenizer::Tokenizer;
+
+use crate::config::{EngineArgs, ExecutorKind, ModelSource};
+use crate::core::{Engine, EngineInfo};
+use crate::executor::llama::LlamaExecutor;
+use crate::executor::sim::SimExecutor;
+use crate::executor::Executor;
+use crate::faults::FaultInjector;
+use crate::metrics::Metrics;
+use crate::model::Weights;
+use crate::scheduler::SchedulerConfig;
+use crate::server::{self, AppState};
+
+/// A started engine with its bound listener, not yet serving.
+pub struct EngineServer {
+    pub addr: SocketAddr,
+    pub model_name: String,
+    pub kv_events_endpoint: Option<String>,
+    pub engine: Arc<Engine>,
+    listener: tokio::net::TcpListener,
+    state: Arc<AppState>,
+    publisher: Option<tokio::task::JoinHandle<()>>,
+}
+
+/// Loads the model, starts the engine thread, binds the port and the KV event socket.
+pub async fn launch(args: EngineArgs) -> anyhow::Result<EngineServer> {
+    args.validate().map_err(anyhow::Error::msg)?;
+    let tokenizer = Tokenizer::wp32k();
+    let model_name = args.served_name();
+    let (executor, vocab_size): (Box<dyn Executor>, usize) =
+        match (args.executor, args.model_source()) {
+            (ExecutorKind::Sim, _) => {
+                let exec = SimExecutor::new(
+                    args.sim_timing(),
+                    (tokenizer.vocab_size() - 8) as u32,
+                    args.weight_seed,
+                );
+                (Box::new(exec), tokenizer.vocab_size())
+            }
+            (ExecutorKind::Llama, source) => {
+                let weights = match source {
+                    ModelSource::Preset(cfg) => Weights::dummy(&cfg, args.weight_seed)?,
+                    ModelSource::Checkpoint(path) => Weights::load_llama2c(&path)?,
+                };
+                let vocab = weights.cfg.vocab_size;
+                anyhow::ensure!(
+                    vocab >= tokenizer.vocab_size(),
+                    "the model's vocabulary ({vocab}) is smaller than the tokenizer's ({})",
+                    tokenizer.vocab_size()
+                );
+                tracing::info!(params = weights.cfg.num_params(), "model loaded");
+                (
+                    Box::new(LlamaExecutor::new(weights, args.kv_blocks, args.block_size)),
+                    tokenizer.vocab_size(),
+                )
+            }
+        };
+    let info = EngineInfo {
+        model_name: model_name.clone(),
+        vocab_size,
+        block_size: args.block_size,
+        num_blocks: args.kv_blocks,
+        max_model_len: args.max_model_len,
+        prefix_caching: !args.no_prefix_caching,
+    };
+    let metrics = Arc::new(Metrics::new(
+        &model_name,
+        &args.engine_id,
+        args.block_size,
+        args.kv_blocks,
+        info.prefix_caching,
+    ));
+    let (sink, kv_events_endpoint, publisher) = match &args.kv_events_endpoint {
+        Some(ep) => {
+            let (sink, bound, task) =
+                crate::kv_events::start_publisher(ep, args.kv_events_topic.clone())
+                    .await
+                    .with_context(|| format!("binding the KV event socket {ep}"))?;
+            (Some(sink), Some(bound), Some(task))
+        }
+        None => (None, None, None),
+    };
+    let sched = SchedulerConfig {
+        max_num_batched_tokens: args.max_num_batched_tokens,
+        max_num_seqs: args.max_num_seqs,
+        max_model_len: args.max_model_len,
+        enable_prefix_caching: info.prefix_caching,
+    };
+    let engine = Arc::new(Engine::start(info, sched, executor, metrics, sink)?);
+    let listener = server::bind(SocketAddr::new(args.host, args.port))
+        .await
+        .with_context(|| format!("binding {}:{}", args.host, args.port))?;
+    let addr = listener.local_addr()?;
+    let state = Arc::new(AppState {
+        engine: engine.clone(),
+        tokenizer,
+        faults: FaultInjector::new(args.faults.clone()),
+        max_body_bytes: args.max_body_bytes,
+    });
+    Ok(EngineServer {
+        addr,
+        model_name,
+        kv_events_endpoint,
+        engine,
+        listener,
+        state,
+        publisher,
+    })
+}
+
+impl EngineServer {
+    /// Serves until `shutdown` resolves, then lets in-flight responses finish.
+    pub async fn run_until(
+        self,
+        shutdown: impl std::future::Future<Output = ()> + Send + 'static,
+    ) -> anyhow::Result<()> {
+        server::serve(self.listener, self.state, shutdown).await?;
+        drop(self.engine);
+        if let Some(p) = self.publisher {
+            p.abort();
+        }
+        Ok(())
+    }
+}

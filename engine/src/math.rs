@@ -1,0 +1,164 @@
+//! The few dense kernels the llama forward pass needs. Matrix products go through
+//! `matrixmultiply`'s sgemm (packed, SIMD, any strides); the rest are plain loops the compiler
+//! vectorizes.
+#![allow(unsafe_code)]
+
+/// A row-major or strided matrix view: element (i, j) is `data[i * rs + j * cs]`.
+#[derive(Clone, Copy)]
+pub struct View<'a> {
+    pub data: &'a [f32],
+    pub rs: usize,
+    pub cs: usize,
+}
+
+/// `c = a · b + beta · c` with `a` m×k, `b` k×n, and `c` m×n at `c[i * rsc + j]`.
+pub fn gemm(
+    m: usize,
+    k: usize,
+    n: usize,
+    a: View<'_>,
+    b: View<'_>,
+    c: &mut [f32],
+    rsc: usize,
+    beta: f32,
+) {
+    if m == 0 || n == 0 {
+        return;
+    }
+    let last = |rows: usize, cols: usize, rs: usize, cs: usize| (rows - 1) * rs + (cols - 1) * cs;
+    assert!(k > 0, "gemm with k = 0");
+    assert!(
+        last(m, k, a.rs, a.cs) < a.data.len(),
+        "gemm: a out of bounds"
+    );
+    assert!(
+        last(k, n, b.rs, b.cs) < b.data.len(),
+        "gemm: b out of bounds"
+    );
+    assert!(last(m, n, rsc, 1) < c.len(), "gemm: c out of bounds");
+    // SAFETY: the asserts above keep every element sgemm touches inside the three slices, and
+    // `c` is a unique borrow that aliases neither input.
+    unsafe {
+        matrixmultiply::sgemm(
+            m,
+            k,
+            n,
+            1.0,
+            a.data.as_ptr(),
+            a.rs as isize,
+            a.cs as isize,
+            b.data.as_ptr(),
+            b.rs as isize,
+            b.cs as isize,
+            beta,
+            c.as_mut_ptr(),
+            rsc as isize,
+            1,
+        );
+    }
+}
+
+/// `out[t×n] = x[t×k] · wᵀ` for a weight `w` stored `[n × k]` row-major (llama2.c layout).
+pub fn matmul_wt(out: &mut [f32], x: &[f32], w: &[f32], t: usize, k: usize, n: usize) {
+    gemm(
+        t,
+        k,
+        n,
+        View {
+            data: x,
+            rs: k,
+            cs: 1,
+        },
+        View {
+            data: w,
+            rs: 1,
+            cs: k,
+        },
+        out,
+        n,
+        0.0,
+    );
+}
+
+/// Root-mean-square norm of each `dim`-wide row of `x`, scaled by `weight`, into `out`.
+pub fn rmsnorm(out: &mut [f32], x: &[f32], weight: &[f32], dim: usize, eps: f32) {
+    for (o, r) in out.chunks_exact_mut(dim).zip(x.chunks_exact(dim)) {
+        let ss = r.iter().map(|v| v * v).sum::<f32>() / dim as f32;
+        let inv = 1.0 / (ss + eps).sqrt();
+        for ((o, v), w) in o.iter_mut().zip(r).zip(weight) {
+            *o = v * inv * w;
+        }
+    }
+}
+
+/// Rotary position embedding on one row of `n_heads` heads, llama2.c's pairing: each pair of
+/// adjacent elements of a head is rotated by `pos × theta^(-i/head_size)`.
+pub fn rope(row: &mut [f32], pos: usize, head_size: usize, theta: f32) {
+    for head in row.chunks_exact_mut(head_size) {
+        for i in (0..head_size).step_by(2) {
+            let freq = 1.0 / theta.powf(i as f32 / head_size as f32);
+            let (s, c) = (pos as f32 * freq).sin_cos();
+            let (a, b) = (head[i], head[i + 1]);
+            head[i] = a * c - b * s;
+            head[i + 1] = a * s + b * c;
+        }
+    }
+}
+
+/// In-place softmax.
+pub fn softmax(x: &mut [f32]) {
+    let max = x.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+    let mut sum = 0.0;
+    for v in x.iter_mut() {
+        *v = (*v - max).exp();
+        sum += *v;
+    }
+    let inv = 1.0 / sum;
+    x.iter_mut().for_each(|v| *v *= inv);
+}
+
+/// `a = silu(a) * b`, element-wise (SwiGLU).
+pub fn swiglu(a: &mut [f32], b: &[f32]) {
+    for (x, y) in a.iter_mut().zip(b) {
+        *x = *x / (1.0 + (-*x).exp()) * y;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn matmul_matches_naive() {
+        let (t, k, n) = (3, 5, 4);
+        let x: Vec<f32> = (0..t * k).map(|i| i as f32 * 0.1 - 0.7).collect();
+        let w: Vec<f32> = (0..n * k).map(|i| (i as f32 * 0.37).sin()).collect();
+        let mut out = vec![0.0; t * n];
+        matmul_wt(&mut out, &x, &w, t, k, n);
+        for i in 0..t {
+            for j in 0..n {
+                let want: f32 = (0..k).map(|l| x[i * k + l] * w[j * k + l]).sum();
+                assert!((out[i * n + j] - want).abs() < 1e-5);
+            }
+        }
+    }
+
+    #[test]
+    fn softmax_sums_to_one() {
+        let mut x = vec![1.0, 2.0, 3.0, -100.0];
+        softmax(&mut x);
+        assert!((x.iter().sum::<f32>() - 1.0).abs() < 1e-6);
+        assert!(x[2] > x[1] && x[1] > x[0]);
+    }
+
+    #[test]
+    fn rope_preserves_norm_and_is_identity_at_zero() {
+        let mut r: Vec<f32> = (0..8).map(|i| i as f32).collect();
+        let orig = r.clone();
+        rope(&mut r, 0, 4, 10000.0);
+        assert_eq!(r, orig);
+        rope(&mut r, 17, 4, 10000.0);
+        let n = |v: &[f32]| v.iter().map(|x| x * x).sum::<f32>();
+        assert!((n(&r) - n(&orig)).abs() < 1e-3);
+    }
+}

@@ -1,0 +1,167 @@
+//! `POST /v1/chat/completions`.
+
+use std::sync::Arc;
+
+use axum::body::Body;
+use axum::extract::State;
+use axum::response::{IntoResponse, Response};
+use warmpath_wire::chat_template::render_tokens;
+use warmpath_wire::openai::{
+    parse_body, unix_now, ApiError, AssistantMessage, ChatChoice, ChatCompletion,
+    ChatCompletionChunk, ChatCompletionRequest, ChunkChoice, Delta, FinishReason, Role, Usage,
+};
+
+use super::generate::{self, ChunkFormat, SamplingFields};
+use super::{check_model, json_response, read_body, AppState, ErrorReply};
+
+pub async fn handle(State(state): State<Arc<AppState>>, body: Body) -> Response {
+    match run(state, body).await {
+        Ok(r) => r,
+        Err(e) => ErrorReply(e).into_response(),
+    }
+}
+
+/// Parses and validates a request, returning its prompt's token ids.
+pub fn prompt_of(state: &AppState, req: &ChatCompletionRequest) -> Result<Vec<u32>, ApiError> {
+    check_model(state, &req.model)?;
+    if req.messages.is_empty() {
+        return Err(ApiError::invalid_request("messages must not be empty").with_param("messages"));
+    }
+    let tools = req.tools.as_deref().unwrap_or_default();
+    Ok(render_tokens(&state.tokenizer, &req.messages, tools, true))
+}
+
+async fn run(state: Arc<AppState>, body: Body) -> Result<Response, ApiError> {
+    let bytes = read_body(&state, body).await?;
+    let req: ChatCompletionRequest = parse_body(&bytes)?;
+    let prompt = prompt_of(&state, &req)?;
+    let faults = state.faults.draw();
+    if !faults.delay.is_zero() {
+        tokio::time::sleep(faults.delay).await;
+    }
+    if faults.fail {
+        return Err(ApiError::internal("fault injection: request failed"));
+    }
+    let fields = SamplingFields {
+        n: req.n,
+        max_tokens: req.max_tokens(),
+        temperature: req.temperature,
+        top_p: req.top_p,
+        seed: req.seed,
+        stop: req.stop.clone(),
+        extra: &req.extra,
+    };
+    let choices = fields.choices(&state, vec![prompt])?;
+    let running = generate::submit(&state, choices, req.cache_salt.clone())?;
+    let fmt = ChatFormat {
+        id: format!(
+            "chatcmpl-{:016x}",
+            crate::sampler::Rng::new(unix_now() ^ running.first_id()).next_u64()
+        ),
+        model: req.model.clone(),
+        created: unix_now(),
+        include_usage: req.stream_options.as_ref().is_some_and(|o| o.include_usage),
+    };
+    if req.stream.unwrap_or(false) {
+        let include_usage = fmt.include_usage;
+        return Ok(generate::stream(state, running, fmt, include_usage, faults));
+    }
+    let (results, usage) = generate::collect(&state, running).await;
+    let resp = ChatCompletion {
+        id: fmt.id,
+        object: "chat.completion".into(),
+        created: fmt.created,
+        model: fmt.model,
+        system_fingerprint: None,
+        choices: results
+            .into_iter()
+            .map(|r| ChatChoice {
+                index: r.index,
+                message: AssistantMessage {
+                    role: Role::Assistant,
+                    content: Some(r.text),
+                    tool_calls: None,
+                },
+                logprobs: None,
+                finish_reason: Some(r.finish),
+            })
+            .collect(),
+        usage,
+    };
+    let json = serde_json::to_string(&resp).map_err(|e| ApiError::internal(e.to_string()))?;
+    Ok(json_response(if faults.malformed {
+        json[..json.len() / 2].to_owned()
+    } else {
+        json
+    }))
+}
+
+struct ChatFormat {
+    id: String,
+    model: String,
+    created: u64,
+    include_usage: bool,
+}
+
+impl ChatFormat {
+    fn chunk(&self, choices: Vec<ChunkChoice>, usage: Option<Usage>) -> String {
+        let c = ChatCompletionChunk {
+            id: self.id.clone(),
+            object: "chat.completion.chunk".into(),
+            created: self.created,
+            model: self.model.clone(),
+            system_fingerprint: None,
+            choices,
+            usage: if self.include_usage {
+                Some(usage)
+            } else {
+                None
+            },
+        };
+        serde_json::to_string(&c).unwrap_or_default()
+    }
+
+    fn one(&self, index: u32, delta: Delta, finish: Option<FinishReason>) -> String {
+        self.chunk(
+            vec![ChunkChoice {
+                index,
+                delta,
+                logprobs: None,
+                finish_reason: finish,
+            }],
+            None,
+        )
+    }
+}
+
+impl ChunkFormat for ChatFormat {
+    fn opening(&self, index: u32) -> Option<String> {
+        Some(self.one(
+            index,
+            Delta {
+                role: Some(Role::Assistant),
+                content: Some(String::new()),
+            },
+            None,
+        ))
+    }
+
+    fn delta(&self, index: u32, text: &str) -> String {
+        self.one(
+            index,
+            Delta {
+                role: None,
+                content: Some(text.to_owned()),
+            },
+            None,
+        )
+    }
+
+    fn finish(&self, index: u32, reason: FinishReason) -> String {
+        self.one(index, Delta::default(), Some(reason))
+    }
+
+    fn usage(&self, usage: &Usage) -> String {
+        self.chunk(Vec::new(), Some(usage.clone()))
+    }
+}

@@ -1,0 +1,161 @@
+//! `POST /v1/completions`: prompts as text or token ids, one or several.
+
+use std::sync::Arc;
+
+use axum::body::Body;
+use axum::extract::State;
+use axum::response::{IntoResponse, Response};
+use warmpath_wire::openai::{
+    parse_body, unix_now, ApiError, Completion, CompletionChoice, CompletionRequest, FinishReason,
+    Prompt, Usage,
+};
+
+use super::generate::{self, ChunkFormat, SamplingFields};
+use super::{check_model, json_response, read_body, AppState, ErrorReply};
+
+pub async fn handle(State(state): State<Arc<AppState>>, body: Body) -> Response {
+    match run(state, body).await {
+        Ok(r) => r,
+        Err(e) => ErrorReply(e).into_response(),
+    }
+}
+
+/// Validates a request and tokenizes its prompts.
+pub fn prompts_of(state: &AppState, req: &CompletionRequest) -> Result<Vec<Vec<u32>>, ApiError> {
+    check_model(state, &req.model)?;
+    let tok = &state.tokenizer;
+    let prompts = match &req.prompt {
+        Prompt::Text(s) => vec![tok.encode(s)],
+        Prompt::Texts(v) => v.iter().map(|s| tok.encode(s)).collect(),
+        Prompt::Tokens(ids) => vec![ids.clone()],
+        Prompt::TokenLists(v) => v.clone(),
+    };
+    if prompts.is_empty() || prompts.iter().any(Vec::is_empty) {
+        return Err(ApiError::invalid_request("prompt must not be empty").with_param("prompt"));
+    }
+    Ok(prompts)
+}
+
+async fn run(state: Arc<AppState>, body: Body) -> Result<Response, ApiError> {
+    let bytes = read_body(&state, body).await?;
+    let req: CompletionRequest = parse_body(&bytes)?;
+    let prompts = prompts_of(&state, &req)?;
+    if req.echo.unwrap_or(false) {
+        return Err(ApiError::invalid_request("echo is not supported").with_param("echo"));
+    }
+    let faults = state.faults.draw();
+    if !faults.delay.is_zero() {
+        tokio::time::sleep(faults.delay).await;
+    }
+    if faults.fail {
+        return Err(ApiError::internal("fault injection: request failed"));
+    }
+    let fields = SamplingFields {
+        n: req.n,
+        max_tokens: req.max_tokens,
+        temperature: req.temperature,
+        top_p: req.top_p,
+        seed: req.seed,
+        stop: req.stop.clone(),
+        extra: &req.extra,
+    };
+    let choices = fields.choices(&state, prompts)?;
+    let running = generate::submit(&state, choices, req.cache_salt.clone())?;
+    let fmt = CompletionFormat {
+        id: format!(
+            "cmpl-{:016x}",
+            crate::sampler::Rng::new(unix_now() ^ running.first_id()).next_u64()
+        ),
+        model: req.model.clone(),
+        created: unix_now(),
+        include_usage: req.stream_options.as_ref().is_some_and(|o| o.include_usage),
+    };
+    if req.stream.unwrap_or(false) {
+        let include_usage = fmt.include_usage;
+        return Ok(generate::stream(state, running, fmt, include_usage, faults));
+    }
+    let (results, usage) = generate::collect(&state, running).await;
+    let resp = Completion {
+        id: fmt.id,
+        object: "text_completion".into(),
+        created: fmt.created,
+        model: fmt.model,
+        system_fingerprint: None,
+        choices: results
+            .into_iter()
+            .map(|r| CompletionChoice {
+                index: r.index,
+                text: r.text,
+                logprobs: None,
+                finish_reason: Some(r.finish),
+            })
+            .collect(),
+        usage: Some(Some(usage)),
+    };
+    let json = serde_json::to_string(&resp).map_err(|e| ApiError::internal(e.to_string()))?;
+    Ok(json_response(if faults.malformed {
+        json[..json.len() / 2].to_owned()
+    } else {
+        json
+    }))
+}
+
+struct CompletionFormat {
+    id: String,
+    model: String,
+    created: u64,
+    include_usage: bool,
+}
+
+impl CompletionFormat {
+    fn chunk(&self, choices: Vec<CompletionChoice>, usage: Option<Usage>) -> String {
+        let c = Completion {
+            id: self.id.clone(),
+            object: "text_completion".into(),
+            created: self.created,
+            model: self.model.clone(),
+            system_fingerprint: None,
+            choices,
+            usage: if self.include_usage {
+                Some(usage)
+            } else {
+                None
+            },
+        };
+        serde_json::to_string(&c).unwrap_or_default()
+    }
+}
+
+impl ChunkFormat for CompletionFormat {
+    fn opening(&self, _index: u32) -> Option<String> {
+        None
+    }
+
+    fn delta(&self, index: u32, text: &str) -> String {
+        self.chunk(
+            vec![CompletionChoice {
+                index,
+                text: text.to_owned(),
+                logprobs: None,
+                finish_reason: None,
+            }],
+            None,
+        )
+    }
+
+    fn finish(&self, index: u32, reason: FinishReason) -> String {
+        self.chunk(
+            vec![CompletionChoice {
+                index,
+                text: String::new(),
+                logprobs: None,
+                finish_reason: Some(reason),
+            }],
+            None,
+        )
+    }
+
+    fn usage(&self, usage: &Usage) -> String {
+        self.chunk(Vec::new(), Some(usage.clone()))
+    }
+}

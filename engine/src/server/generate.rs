@@ -1,0 +1,368 @@
+//! Running a request's choices on the engine, for both Chat Completions and Completions:
+//! collected into one response, or streamed as SSE with OpenAI's framing
+//! (`data: {json}\n\n` … `data: [DONE]\n\n`).
+//!
+//! A streaming response is fed by a task that ends when the client goes away: dropping the
+//! body closes the channel, the task stops and drops its [`RequestStream`]s, and that aborts
+//! the requests in the engine and frees their blocks.
+
+use std::sync::Arc;
+
+use axum::body::Body;
+use axum::http::header;
+use axum::response::{IntoResponse, Response};
+use bytes::Bytes;
+use futures_util::stream::{self, SelectAll, StreamExt};
+use tokio::sync::mpsc;
+use warmpath_wire::openai::{ApiError, FinishReason, Usage};
+
+use super::text::TextState;
+use super::AppState;
+use crate::core::{RequestOutput, RequestStream};
+use crate::faults::RequestFaults;
+use crate::scheduler::SamplingParams;
+
+/// One choice to generate.
+pub struct ChoiceSpec {
+    pub index: u32,
+    /// Which prompt of the request this choice continues (usage counts each prompt once).
+    pub prompt_index: usize,
+    pub prompt: Vec<u32>,
+    pub params: SamplingParams,
+    pub stops: Vec<String>,
+}
+
+/// A finished choice.
+#[derive(Debug)]
+pub struct ChoiceResult {
+    pub index: u32,
+    pub text: String,
+    pub finish: FinishReason,
+}
+
+/// How a route writes its stream chunks (each a JSON document).
+pub trait ChunkFormat: Send + Sync + 'static {
+    /// Sent once per choice before its first text (chat: the assistant role).
+    fn opening(&self, index: u32) -> Option<String>;
+    fn delta(&self, index: u32, text: &str) -> String;
+    fn finish(&self, index: u32, reason: FinishReason) -> String;
+    fn usage(&self, usage: &Usage) -> String;
+}
+
+/// The sampling fields Chat Completions and Completions share, before validation.
+pub struct SamplingFields<'a> {
+    pub n: Option<u32>,
+    pub max_tokens: Option<i64>,
+    pub temperature: Option<f32>,
+    pub top_p: Option<f32>,
+    pub seed: Option<i64>,
+    pub stop: Option<warmpath_wire::openai::Stop>,
+    /// Unknown fields: vLLM's `ignore_eos` and `stop_token_ids` are honoured.
+    pub extra: &'a serde_json::Map<String, serde_json::Value>,
+}
+
+impl SamplingFields<'_> {
+    /// Validates the fields and expands them into `n` choices per prompt.
+    pub fn choices(
+        self,
+        state: &AppState,
+        prompts: Vec<Vec<u32>>,
+    ) -> Result<Vec<ChoiceSpec>, ApiError> {
+        let n = self.n.unwrap_or(1);
+        if !(1..=128).contains(&n) {
+            return Err(
+                ApiError::invalid_request(format!("n must be between 1 and 128, got {n}"))
+                    .with_param("n"),
+            );
+        }
+        if let Some(m) = self.max_tokens {
+            if m <= 0 {
+                return Err(ApiError::invalid_request(format!(
+                    "max_tokens must be at least 1, got {m}"
+                ))
+                .with_param("max_tokens"));
+            }
+        }
+        let temperature = self.temperature.unwrap_or(1.0);
+        if !(0.0..=2.0).contains(&temperature) {
+            return Err(ApiError::invalid_request(format!(
+                "temperature must be within [0, 2], got {temperature}"
+            ))
+            .with_param("temperature"));
+        }
+        let top_p = self.top_p.unwrap_or(1.0);
+        if !(top_p > 0.0 && top_p <= 1.0) {
+            return Err(ApiError::invalid_request(format!(
+                "top_p must be within (0, 1], got {top_p}"
+            ))
+            .with_param("top_p"));
+        }
+        let stops = self.stop.map(|s| s.into_vec()).unwrap_or_default();
+        if stops.len() > 16 {
+            return Err(ApiError::invalid_request("at most 16 stop sequences").with_param("stop"));
+        }
+        let tok = &state.tokenizer;
+        let mut stop_token_ids: Vec<u32> = Vec::new();
+        if !self
+            .extra
+            .get("ignore_eos")
+            .and_then(|v| v.as_bool())
+            .unwrap_or(false)
+        {
+            use warmpath_wire::tokenizer::{EOS, IM_END};
+            stop_token_ids.extend([EOS, IM_END].iter().filter_map(|s| tok.special_id(s)));
+        }
+        if let Some(ids) = self.extra.get("stop_token_ids").and_then(|v| v.as_array()) {
+            stop_token_ids.extend(ids.iter().filter_map(|v| v.as_u64()).map(|v| v as u32));
+        }
+        let max_model_len = state.engine.info().max_model_len;
+        let mut out = Vec::new();
+        for (prompt_index, prompt) in prompts.into_iter().enumerate() {
+            // vLLM's default: whatever room the context leaves.
+            let max_tokens = self
+                .max_tokens
+                .map(|m| m as usize)
+                .unwrap_or(max_model_len.saturating_sub(prompt.len()).max(1));
+            for i in 0..n {
+                out.push(ChoiceSpec {
+                    index: prompt_index as u32 * n + i,
+                    prompt_index,
+                    prompt: prompt.clone(),
+                    params: SamplingParams {
+                        max_tokens,
+                        temperature,
+                        top_p,
+                        // Choices of one seeded request differ from each other but repeat.
+                        seed: self.seed.map(|s| (s as u64).wrapping_add(i as u64)),
+                        stop_token_ids: stop_token_ids.clone(),
+                    },
+                    stops: stops.clone(),
+                });
+            }
+        }
+        Ok(out)
+    }
+}
+
+/// Submitted choices with their prompt sizes, ready to collect or stream.
+pub struct Running {
+    streams: Vec<(u32, usize, RequestStream, TextState)>,
+    prompt_tokens: Vec<usize>,
+}
+
+impl Running {
+    /// The engine id of the first choice (unique per request; seeds the response id).
+    pub fn first_id(&self) -> u64 {
+        self.streams.first().map(|s| s.2.id()).unwrap_or(0)
+    }
+}
+
+/// Queues every choice; fails (nothing left queued) if any is rejected.
+pub fn submit(
+    state: &AppState,
+    choices: Vec<ChoiceSpec>,
+    cache_salt: Option<String>,
+) -> Result<Running, ApiError> {
+    let mut prompt_tokens = Vec::new();
+    let mut streams = Vec::with_capacity(choices.len());
+    for c in choices {
+        if prompt_tokens.len() <= c.prompt_index {
+            prompt_tokens.resize(c.prompt_index + 1, 0);
+        }
+        prompt_tokens[c.prompt_index] = c.prompt.len();
+        let s = state
+            .engine
+            .generate(c.prompt, c.params, cache_salt.clone())?;
+        streams.push((c.index, c.prompt_index, s, TextState::new(c.stops)));
+    }
+    Ok(Running {
+        streams,
+        prompt_tokens,
+    })
+}
+
+/// Tallies usage across choices.
+struct UsageTally {
+    prompt_tokens: Vec<usize>,
+    cached: Vec<Option<usize>>,
+    completion: usize,
+}
+
+impl UsageTally {
+    fn new(prompt_tokens: Vec<usize>) -> UsageTally {
+        let n = prompt_tokens.len();
+        UsageTally {
+            prompt_tokens,
+            cached: vec![None; n],
+            completion: 0,
+        }
+    }
+
+    fn record(&mut self, prompt_index: usize, out: &RequestOutput) {
+        self.completion += 1;
+        let c = &mut self.cached[prompt_index];
+        if c.is_none() {
+            *c = Some(out.cached_tokens);
+        }
+    }
+
+    fn usage(&self) -> Usage {
+        let p: usize = self.prompt_tokens.iter().sum();
+        let c: usize = self.cached.iter().map(|c| c.unwrap_or(0)).sum();
+        Usage::new(p as u32, self.completion as u32, c as u32)
+    }
+}
+
+fn finish_of(out: &RequestOutput, text: &TextState) -> Option<FinishReason> {
+    if text.stopped() {
+        Some(FinishReason::Stop)
+    } else {
+        out.finish
+    }
+}
+
+/// Waits for every choice to finish.
+pub async fn collect(state: &AppState, running: Running) -> (Vec<ChoiceResult>, Usage) {
+    let tok = &state.tokenizer;
+    let mut tally = UsageTally::new(running.prompt_tokens);
+    let mut results = Vec::new();
+    // Choices run concurrently in the engine; awaiting them one after another loses nothing.
+    for (index, prompt_index, mut s, mut text) in running.streams {
+        let mut out_text = String::new();
+        let mut finish = FinishReason::Abort;
+        while let Some(out) = s.next().await {
+            tally.record(prompt_index, &out);
+            out_text.push_str(&text.push(tok, out.token));
+            if let Some(f) = finish_of(&out, &text) {
+                finish = f;
+                break;
+            }
+        }
+        out_text.push_str(&text.finish());
+        results.push(ChoiceResult {
+            index,
+            text: out_text,
+            finish,
+        });
+    }
+    (results, tally.usage())
+}
+
+type Frame = Result<Bytes, std::io::Error>;
+
+fn sse(json: &str) -> Frame {
+    Ok(Bytes::from(format!("data: {json}\n\n")))
+}
+
+/// Streams the choices as SSE.
+pub fn stream(
+    state: Arc<AppState>,
+    running: Running,
+    fmt: impl ChunkFormat,
+    include_usage: bool,
+    faults: RequestFaults,
+) -> Response {
+    let (tx, rx) = mpsc::channel::<Frame>(64);
+    tokio::spawn(async move {
+        tokio::select! {
+            _ = pump(&state, running, &fmt, include_usage, &faults, &tx) => {}
+            _ = tx.closed() => {} // client gone: dropping `pump` aborts the requests
+        }
+    });
+    let body = Body::from_stream(tokio_stream_from(rx));
+    (
+        [
+            (header::CONTENT_TYPE, "text/event-stream"),
+            (header::CACHE_CONTROL, "no-cache"),
+        ],
+        body,
+    )
+        .into_response()
+}
+
+fn tokio_stream_from(rx: mpsc::Receiver<Frame>) -> impl futures_util::Stream<Item = Frame> {
+    stream::unfold(rx, |mut rx| async move { rx.recv().await.map(|f| (f, rx)) })
+}
+
+type Tagged = (u32, usize, RequestOutput);
+
+async fn pump(
+    state: &AppState,
+    running: Running,
+    fmt: &impl ChunkFormat,
+    include_usage: bool,
+    faults: &RequestFaults,
+    tx: &mpsc::Sender<Frame>,
+) {
+    let tok = &state.tokenizer;
+    let mut tally = UsageTally::new(running.prompt_tokens);
+    let mut texts = std::collections::HashMap::new();
+    let mut merged: SelectAll<_> = SelectAll::new();
+    for (index, prompt_index, s, text) in running.streams {
+        texts.insert(index, text);
+        if let Some(open) = fmt.opening(index) {
+            if tx.send(sse(&open)).await.is_err() {
+                return;
+            }
+        }
+        merged.push(Box::pin(stream::unfold(s, move |mut s| async move {
+            s.next()
+                .await
+                .map(|o| ((index, prompt_index, o) as Tagged, s))
+        })));
+    }
+    let mut sent_tokens = 0usize;
+    let mut done = std::collections::HashSet::new();
+    while let Some((index, prompt_index, out)) = merged.next().await {
+        if done.contains(&index) {
+            continue;
+        }
+        tally.record(prompt_index, &out);
+        let Some(text) = texts.get_mut(&index) else {
+            continue;
+        };
+        let piece = text.push(tok, out.token);
+        let finish = finish_of(&out, text);
+        let mut frames = Vec::new();
+        let piece = if finish.is_some() {
+            piece + &text.finish()
+        } else {
+            piece
+        };
+        if !piece.is_empty() {
+            let json = fmt.delta(index, &piece);
+            frames.push(if faults.malformed {
+                sse(&json[..json.len() / 2])
+            } else {
+                sse(&json)
+            });
+            sent_tokens += 1;
+        }
+        if let Some(f) = finish {
+            frames.push(sse(&fmt.finish(index, f)));
+            done.insert(index);
+        }
+        for f in frames {
+            if tx.send(f).await.is_err() {
+                return;
+            }
+        }
+        if faults.die_after_tokens.is_some_and(|n| sent_tokens >= n) {
+            // Fault: cut the connection without a proper end of stream.
+            let _ = tx
+                .send(Err(std::io::Error::other(
+                    "fault injection: died mid-stream",
+                )))
+                .await;
+            return;
+        }
+        if done.len() == texts.len() {
+            break;
+        }
+    }
+    drop(merged); // aborts any choice still running (a stop string ended it early)
+    if include_usage {
+        let _ = tx.send(sse(&fmt.usage(&tally.usage()))).await;
+    }
+    let _ = tx.send(Ok(Bytes::from_static(b"data: [DONE]\n\n"))).await;
+}
