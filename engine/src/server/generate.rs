@@ -348,7 +348,12 @@ async fn pump(
             }
         }
         if faults.die_after_tokens.is_some_and(|n| sent_tokens >= n) {
-            // Fault: cut the connection without a proper end of stream.
+            // Fault: cut the connection without a proper end of stream. Let the frames already
+            // queued reach the socket first, so the client sees exactly the promised tokens.
+            while tx.capacity() < tx.max_capacity() {
+                tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(20)).await;
             let _ = tx
                 .send(Err(std::io::Error::other(
                     "fault injection: died mid-stream",

@@ -1,0 +1,306 @@
+//! The engine's HTTP API end to end: a real server on 127.0.0.1, a real model (micro), real
+//! clients.
+
+mod common;
+
+use std::time::Duration;
+
+use common::*;
+use http_body_util::BodyExt;
+use serde_json::{json, Value};
+
+#[tokio::test]
+async fn chat_streaming_is_framed_like_openai() {
+    let e = micro().await;
+    let resp = post_streaming(
+        e.addr,
+        "/v1/chat/completions",
+        json!({"model": "micro", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 5,
+               "stream": true, "stream_options": {"include_usage": true}, "temperature": 0}),
+    )
+    .await;
+    assert_eq!(resp.status(), 200);
+    assert_eq!(resp.headers()["content-type"], "text/event-stream");
+    let body = resp.into_body().collect().await.expect("body").to_bytes();
+    let events = sse_data(&String::from_utf8_lossy(&body));
+    assert_eq!(events.last().map(String::as_str), Some("[DONE]"));
+    let chunks: Vec<Value> = events[..events.len() - 1]
+        .iter()
+        .map(|e| serde_json::from_str(e).expect("json"))
+        .collect();
+    assert_eq!(chunks[0]["choices"][0]["delta"]["role"], "assistant");
+    assert!(chunks
+        .iter()
+        .all(|c| c["object"] == "chat.completion.chunk"));
+    let id = &chunks[0]["id"];
+    assert!(chunks.iter().all(|c| &c["id"] == id), "one id per stream");
+    let finish: Vec<&Value> = chunks
+        .iter()
+        .filter(|c| c["choices"][0]["finish_reason"].is_string())
+        .collect();
+    assert_eq!(finish.len(), 1);
+    assert_eq!(finish[0]["choices"][0]["finish_reason"], "length");
+    let usage_chunk = chunks.last().expect("usage chunk");
+    assert_eq!(usage_chunk["choices"], json!([]));
+    assert_eq!(usage_chunk["usage"]["completion_tokens"], 5);
+    assert!(
+        chunks[..chunks.len() - 1]
+            .iter()
+            .all(|c| c["usage"].is_null()),
+        "usage null until the end"
+    );
+}
+
+#[tokio::test]
+async fn a_repeated_prompt_reports_cached_tokens() {
+    let e = micro().await;
+    let body = json!({"model": "micro", "messages": [{"role": "system", "content": long_text(120)},
+                      {"role": "user", "content": "q"}], "max_tokens": 2});
+    let (s, first) = post_json(e.addr, "/v1/chat/completions", body.clone()).await;
+    assert_eq!(s, 200);
+    assert_eq!(first["usage"]["prompt_tokens_details"]["cached_tokens"], 0);
+    let (_, second) = post_json(e.addr, "/v1/chat/completions", body).await;
+    let prompt = second["usage"]["prompt_tokens"]
+        .as_u64()
+        .expect("prompt_tokens");
+    let cached = second["usage"]["prompt_tokens_details"]["cached_tokens"]
+        .as_u64()
+        .expect("cached");
+    assert!(prompt > 100);
+    assert_eq!(
+        cached,
+        (prompt - 1) / 16 * 16,
+        "every full block but the one holding the last token"
+    );
+    let (_, m) = get(e.addr, "/metrics").await;
+    assert_eq!(
+        metric(&m, "vllm:prefix_cache_hits_total{"),
+        Some(cached as f64)
+    );
+    assert_eq!(
+        metric(&m, "vllm:prefix_cache_queries_total{"),
+        Some(2.0 * prompt as f64)
+    );
+    assert_eq!(metric(&m, "vllm:request_success_total{"), Some(2.0));
+    assert_eq!(metric(&m, "vllm:num_requests_running{"), Some(0.0));
+    assert!(m.contains("vllm:time_to_first_token_seconds_bucket"));
+}
+
+#[tokio::test]
+async fn seeded_sampling_repeats() {
+    let e = micro().await;
+    let body = json!({"model": "micro", "prompt": "once upon", "max_tokens": 12, "temperature": 1.0, "seed": 7});
+    let (_, a) = post_json(e.addr, "/v1/completions", body.clone()).await;
+    let (_, b) = post_json(e.addr, "/v1/completions", body).await;
+    assert_eq!(a["choices"][0]["text"], b["choices"][0]["text"]);
+    let (_, c) = post_json(
+        e.addr,
+        "/v1/completions",
+        json!({"model": "micro", "prompt": "once upon", "max_tokens": 12, "temperature": 1.0, "seed": 8}),
+    )
+    .await;
+    assert_ne!(a["choices"][0]["text"], c["choices"][0]["text"]);
+}
+
+#[tokio::test]
+async fn completions_take_token_ids_n_and_stop() {
+    let e = micro().await;
+    let (s, r) = post_json(
+        e.addr,
+        "/v1/completions",
+        json!({"model": "micro", "prompt": [[5, 6, 7], [8, 9]], "max_tokens": 4, "n": 2, "seed": 1}),
+    )
+    .await;
+    assert_eq!(s, 200, "{r}");
+    let idx: Vec<u64> = r["choices"]
+        .as_array()
+        .expect("choices")
+        .iter()
+        .map(|c| c["index"].as_u64().expect("index"))
+        .collect();
+    assert_eq!(idx, vec![0, 1, 2, 3]);
+    assert_eq!(r["usage"]["prompt_tokens"], 5, "each prompt counted once");
+    assert_eq!(r["usage"]["completion_tokens"], 16);
+    // Find what greedy decoding produces, then stop on a piece of it.
+    let greedy = json!({"model": "micro", "prompt": "abc", "max_tokens": 8, "temperature": 0});
+    let (_, g) = post_json(e.addr, "/v1/completions", greedy.clone()).await;
+    let text = g["choices"][0]["text"].as_str().expect("text").to_owned();
+    let stop: String = text.chars().skip(2).take(2).collect();
+    if !stop.trim().is_empty() {
+        let mut with_stop = greedy;
+        with_stop["stop"] = json!([stop]);
+        let (_, st) = post_json(e.addr, "/v1/completions", with_stop).await;
+        let cut = st["choices"][0]["text"].as_str().expect("text");
+        assert!(
+            !cut.contains(&stop) && text.starts_with(cut),
+            "{cut:?} vs {text:?} stop {stop:?}"
+        );
+        assert_eq!(st["choices"][0]["finish_reason"], "stop");
+    }
+}
+
+#[tokio::test]
+async fn bad_input_gets_openai_errors_and_the_server_keeps_serving() {
+    let mut args = warmpath_engine::config::EngineArgs::for_tests("micro");
+    args.max_model_len = 64;
+    args.max_body_bytes = 4096;
+    let e = start(args).await;
+    let cases: Vec<(&str, String, u16, &str)> = vec![
+        (
+            "/v1/chat/completions",
+            "{not json".into(),
+            400,
+            "invalid JSON",
+        ),
+        (
+            "/v1/chat/completions",
+            r#"{"model":"micro","messages":"hi"}"#.into(),
+            400,
+            "invalid request",
+        ),
+        (
+            "/v1/chat/completions",
+            r#"{"model":"micro"}"#.into(),
+            400,
+            "missing field",
+        ),
+        (
+            "/v1/chat/completions",
+            r#"{"model":"micro","messages":[]}"#.into(),
+            400,
+            "empty",
+        ),
+        (
+            "/v1/chat/completions",
+            r#"{"model":"nope","messages":[{"role":"user","content":"x"}]}"#.into(),
+            404,
+            "does not exist",
+        ),
+        (
+            "/v1/completions",
+            r#"{"model":"micro","prompt":"x","max_tokens":0}"#.into(),
+            400,
+            "max_tokens",
+        ),
+        (
+            "/v1/completions",
+            r#"{"model":"micro","prompt":"x","max_tokens":-3}"#.into(),
+            400,
+            "max_tokens",
+        ),
+        (
+            "/v1/completions",
+            json!({"model":"micro","prompt":long_text(80),"max_tokens":1}).to_string(),
+            400,
+            "maximum context length",
+        ),
+        (
+            "/v1/completions",
+            r#"{"model":"micro","prompt":[99999999]}"#.into(),
+            400,
+            "vocabulary",
+        ),
+        (
+            "/v1/completions",
+            r#"{"model":"micro","prompt":"x","temperature":9}"#.into(),
+            400,
+            "temperature",
+        ),
+        (
+            "/v1/completions",
+            r#"{"model":"micro","prompt":""}"#.into(),
+            400,
+            "empty",
+        ),
+        (
+            "/v1/completions",
+            json!({"model":"micro","prompt":"x".repeat(5000)}).to_string(),
+            413,
+            "exceeds",
+        ),
+        ("/v1/nothing", "{}".into(), 404, "no route"),
+    ];
+    for (path, body, status, needle) in cases {
+        let (s, text) = post(e.addr, path, body.clone()).await;
+        assert_eq!(s, status, "{path} {body:.80}: {text}");
+        let v: Value = serde_json::from_str(&text).unwrap_or_else(|_| panic!("not JSON: {text}"));
+        let msg = v["error"]["message"].as_str().expect("message");
+        assert!(msg.contains(needle), "{msg:?} lacks {needle:?}");
+        assert!(v["error"]["type"].is_string());
+    }
+    let (s, _) = post(
+        e.addr,
+        "/v1/completions",
+        r#"{"model":"micro","prompt":"ok","max_tokens":2,"unknown_field":{"a":1}}"#,
+    )
+    .await;
+    assert_eq!(
+        s, 200,
+        "unknown fields are ignored and the server still serves"
+    );
+}
+
+#[tokio::test]
+async fn client_disconnect_aborts_and_frees_blocks() {
+    let e = micro().await;
+    let resp = post_streaming(
+        e.addr,
+        "/v1/completions",
+        json!({"model": "micro", "prompt": long_text(60), "max_tokens": 3000, "stream": true, "ignore_eos": true}),
+    )
+    .await;
+    let mut body = resp.into_body();
+    let first = body.frame().await.expect("a frame").expect("ok");
+    assert!(first.data_ref().is_some());
+    let (_, m) = get(e.addr, "/metrics").await;
+    assert_eq!(metric(&m, "vllm:num_requests_running{"), Some(1.0));
+    drop(body); // the client goes away
+    let freed = eventually(Duration::from_secs(5), || async {
+        let (_, m) = get(e.addr, "/metrics").await;
+        metric(&m, "vllm:num_requests_running{") == Some(0.0)
+            && metric(&m, "vllm:kv_cache_usage_perc{") == Some(0.0)
+    })
+    .await;
+    assert!(freed, "request aborted and its blocks freed");
+    let (_, m) = get(e.addr, "/metrics").await;
+    let generated = metric(&m, "vllm:generation_tokens_total{").expect("counter");
+    assert!(generated < 3000.0, "stopped early: {generated}");
+}
+
+#[tokio::test]
+async fn models_health_tokenize_and_render() {
+    let e = micro().await;
+    let (s, models) = get(e.addr, "/v1/models").await;
+    assert_eq!(s, 200);
+    let v: Value = serde_json::from_str(&models).expect("json");
+    assert_eq!(v["object"], "list");
+    assert_eq!(v["data"][0]["id"], "micro");
+    assert_eq!(get(e.addr, "/health").await.0, 200);
+    let (_, t) = post_json(e.addr, "/tokenize", json!({"prompt": "hello world"})).await;
+    let ids = t["tokens"].clone();
+    assert_eq!(t["count"], ids.as_array().expect("array").len());
+    let (_, d) = post_json(e.addr, "/detokenize", json!({"tokens": ids})).await;
+    assert_eq!(d["prompt"], "hello world");
+    let chat = json!({"model": "micro", "messages": [{"role": "user", "content": "hi"}]});
+    let (_, r) = post_json(e.addr, "/v1/chat/completions/render", chat.clone()).await;
+    let (_, t) = post_json(e.addr, "/tokenize", json!({"messages": chat["messages"]})).await;
+    assert_eq!(r["token_ids"], t["tokens"], "render and tokenize agree");
+    let (_, c) = post_json(
+        e.addr,
+        "/v1/completions/render",
+        json!({"model": "micro", "prompt": ["a", "b c"]}),
+    )
+    .await;
+    assert_eq!(c.as_array().expect("array").len(), 2);
+    // The rendered prompt is exactly what generation counts.
+    let (_, g) = post_json(
+        e.addr,
+        "/v1/chat/completions",
+        json!({"model": "micro", "messages": chat["messages"], "max_tokens": 1}),
+    )
+    .await;
+    assert_eq!(
+        g["usage"]["prompt_tokens"],
+        r["token_ids"].as_array().expect("ids").len()
+    );
+}

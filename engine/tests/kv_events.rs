@@ -1,0 +1,104 @@
+//! KV events over ZMQ: a real subscriber receives vLLM-format BlockStored / BlockRemoved for
+//! real requests, with the hashes a router computes itself from the token ids.
+
+mod common;
+
+use std::time::Duration;
+
+use common::*;
+use serde_json::json;
+use warmpath_wire::kv_events::{decode_batch, KvEvent};
+use warmpath_wire::prefix::block_hashes;
+use zeromq::{Socket, SocketRecv};
+
+async fn next_events(sub: &mut zeromq::SubSocket, wait: Duration) -> Option<(u64, Vec<KvEvent>)> {
+    let msg = tokio::time::timeout(wait, sub.recv())
+        .await
+        .ok()?
+        .expect("recv");
+    let frames = msg.into_vec();
+    assert_eq!(frames.len(), 3, "topic, seq, payload");
+    let seq = u64::from_be_bytes(frames[1].as_ref().try_into().expect("8-byte seq"));
+    Some((seq, decode_batch(&frames[2]).expect("vLLM batch").events))
+}
+
+#[tokio::test]
+async fn subscriber_sees_stored_then_removed_blocks() {
+    let mut args = warmpath_engine::config::EngineArgs::for_tests("micro");
+    args.kv_blocks = 12;
+    args.kv_events_endpoint = Some("tcp://127.0.0.1:0".into());
+    let e = start(args).await;
+    let endpoint = e.kv_events.clone().expect("bound endpoint");
+    let mut sub = zeromq::SubSocket::new();
+    sub.connect(&endpoint).await.expect("connect");
+    sub.subscribe("").await.expect("subscribe");
+
+    // A ZMQ subscription takes a moment to reach the publisher: repeat a first request
+    // until its events arrive.
+    let prompt: Vec<u32> = (100..150).collect(); // 50 tokens: 3 full blocks of 16
+    let want = block_hashes(&prompt, 16, None);
+    let mut stored = None;
+    for _ in 0..50 {
+        let (s, _) = post_json(
+            e.addr,
+            "/v1/completions",
+            json!({"model": "micro", "prompt": prompt, "max_tokens": 1}),
+        )
+        .await;
+        assert_eq!(s, 200);
+        if let Some((_, events)) = next_events(&mut sub, Duration::from_millis(200)).await {
+            stored = events
+                .into_iter()
+                .find(|ev| matches!(ev, KvEvent::BlockStored { .. }));
+            if stored.is_some() {
+                break;
+            }
+        }
+    }
+    match stored.expect("a BlockStored event") {
+        KvEvent::BlockStored {
+            block_hashes,
+            parent_block_hash,
+            token_ids,
+            block_size,
+            ..
+        } => {
+            assert_eq!(
+                block_hashes, want,
+                "engine hashes = router-side hashes of the token ids"
+            );
+            assert_eq!(parent_block_hash, None);
+            assert_eq!(token_ids, prompt[..48].to_vec());
+            assert_eq!(block_size, 16);
+        }
+        _ => unreachable!(),
+    }
+    // Other prompts fill the 12-block cache and evict the first prompt's blocks.
+    for base in [1000u32, 2000, 3000, 4000] {
+        let p: Vec<u32> = (base..base + 60).collect();
+        let (s, _) = post_json(
+            e.addr,
+            "/v1/completions",
+            json!({"model": "micro", "prompt": p, "max_tokens": 1}),
+        )
+        .await;
+        assert_eq!(s, 200);
+    }
+    let mut removed = Vec::new();
+    let mut last_seq = None;
+    while let Some((seq, events)) = next_events(&mut sub, Duration::from_millis(500)).await {
+        if let Some(prev) = last_seq {
+            assert_eq!(seq, prev + 1, "sequence numbers are consecutive");
+        }
+        last_seq = Some(seq);
+        for ev in events {
+            if let KvEvent::BlockRemoved { block_hashes, .. } = ev {
+                removed.extend(block_hashes);
+            }
+        }
+    }
+    assert!(
+        want.iter().all(|h| removed.contains(h)),
+        "first prompt's blocks evicted: {removed:?}"
+    );
+}
