@@ -44,9 +44,7 @@ impl BlockPool {
             ref_cnt: vec![0; num_blocks],
             hash: vec![None; num_blocks],
             prev: (0..n).map(|i| if i == 0 { NIL } else { i - 1 }).collect(),
-            next: (0..n)
-                .map(|i| if i + 1 == n { NIL } else { i + 1 })
-                .collect(),
+            next: (0..n).map(|i| if i + 1 == n { NIL } else { i + 1 }).collect(),
             head: 0,
             tail: n - 1,
             num_free: num_blocks,
@@ -80,19 +78,12 @@ impl BlockPool {
 
     /// The longest run of `hashes`, from the start, that is cached, at most `max_blocks` long.
     pub fn find_cached_prefix(&self, hashes: &[BlockHash], max_blocks: usize) -> Vec<BlockId> {
-        hashes
-            .iter()
-            .take(max_blocks)
-            .map_while(|h| self.cached.get(h).copied())
-            .collect()
+        hashes.iter().take(max_blocks).map_while(|h| self.cached.get(h).copied()).collect()
     }
 
     /// How many of `blocks` sit in the free queue (touching them takes them out of it).
     pub fn count_free(&self, blocks: &[BlockId]) -> usize {
-        blocks
-            .iter()
-            .filter(|&&b| self.ref_cnt[b as usize] == 0)
-            .count()
+        blocks.iter().filter(|&&b| self.ref_cnt[b as usize] == 0).count()
     }
 
     /// Takes a reference on cache hits, reviving free ones.
@@ -126,10 +117,7 @@ impl BlockPool {
             out.push(b);
         }
         if !evicted.is_empty() {
-            self.emit(KvEvent::BlockRemoved {
-                block_hashes: evicted,
-                medium: Some("GPU".into()),
-            });
+            self.emit(KvEvent::BlockRemoved { block_hashes: evicted, medium: Some("GPU".into()) });
         }
         Some(out)
     }
@@ -290,11 +278,7 @@ mod tests {
         p.allocate(2).expect("free");
         assert_eq!(p.find_cached_prefix(&h, 8).len(), 2);
         p.allocate(1).expect("free");
-        assert_eq!(
-            p.find_cached_prefix(&h, 8).len(),
-            1,
-            "tail (block 1) evicted first"
-        );
+        assert_eq!(p.find_cached_prefix(&h, 8).len(), 1, "tail (block 1) evicted first");
         assert_eq!(p.find_cached_prefix(&h, 8), vec![0]);
     }
 
@@ -323,11 +307,7 @@ mod tests {
         let h = cache_all(&mut p, &blocks, &toks);
         assert_eq!(p.find_cached_prefix(&h, 2), vec![0, 1]);
         let other = block_hashes(&[1, 2, 9, 9, 5, 6], 2, None);
-        assert_eq!(
-            p.find_cached_prefix(&other, 8),
-            vec![0],
-            "chain breaks at block 1"
-        );
+        assert_eq!(p.find_cached_prefix(&other, 8), vec![0], "chain breaks at block 1");
     }
 
     #[test]
@@ -340,25 +320,14 @@ mod tests {
         let ev = p.take_events();
         assert_eq!(ev.len(), 2);
         match &ev[0] {
-            KvEvent::BlockStored {
-                block_hashes,
-                parent_block_hash,
-                token_ids,
-                ..
-            } => {
+            KvEvent::BlockStored { block_hashes, parent_block_hash, token_ids, .. } => {
                 assert_eq!(block_hashes, &h);
                 assert_eq!(*parent_block_hash, None);
                 assert_eq!(token_ids, &vec![1, 2, 3, 4]);
             }
             e => panic!("unexpected {e:?}"),
         }
-        assert_eq!(
-            ev[1],
-            KvEvent::BlockRemoved {
-                block_hashes: vec![h[1]],
-                medium: Some("GPU".into())
-            }
-        );
+        assert_eq!(ev[1], KvEvent::BlockRemoved { block_hashes: vec![h[1]], medium: Some("GPU".into()) });
         assert!(p.take_events().is_empty());
     }
 
@@ -373,11 +342,7 @@ mod tests {
         assert_eq!(p.take_events().len(), 1);
         p.free(&b);
         p.allocate(3).expect("free");
-        assert_eq!(
-            p.num_cached(),
-            1,
-            "evicting the duplicate keeps the original findable"
-        );
+        assert_eq!(p.num_cached(), 1, "evicting the duplicate keeps the original findable");
     }
 
     #[test]

@@ -105,15 +105,12 @@ impl EngineArgs {
     }
 
     pub fn served_name(&self) -> String {
-        self.served_model_name
-            .clone()
-            .unwrap_or_else(|| match self.model_source() {
-                ModelSource::Preset(_) => self.model.clone(),
-                ModelSource::Checkpoint(p) => p
-                    .file_stem()
-                    .map(|s| s.to_string_lossy().into_owned())
-                    .unwrap_or_else(|| self.model.clone()),
-            })
+        self.served_model_name.clone().unwrap_or_else(|| match self.model_source() {
+            ModelSource::Preset(_) => self.model.clone(),
+            ModelSource::Checkpoint(p) => {
+                p.file_stem().map(|s| s.to_string_lossy().into_owned()).unwrap_or_else(|| self.model.clone())
+            }
+        })
     }
 
     pub fn sim_timing(&self) -> SimTiming {

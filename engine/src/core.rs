@@ -73,25 +73,10 @@ impl Engine {
         let sched = Scheduler::new(sched_cfg, pool);
         let (tx, rx) = std_mpsc::channel();
         let m = metrics.clone();
-        let thread = std::thread::Builder::new()
-            .name("engine-core".into())
-            .spawn(move || {
-                EngineLoop {
-                    sched,
-                    exec: executor,
-                    metrics: m,
-                    events,
-                    streams: Default::default(),
-                }
-                .run(rx)
-            })?;
-        Ok(Engine {
-            tx,
-            info,
-            next_id: AtomicU64::new(1),
-            _thread: thread,
-            metrics,
-        })
+        let thread = std::thread::Builder::new().name("engine-core".into()).spawn(move || {
+            EngineLoop { sched, exec: executor, metrics: m, events, streams: Default::default() }.run(rx)
+        })?;
+        Ok(Engine { tx, info, next_id: AtomicU64::new(1), _thread: thread, metrics })
     }
 
     pub fn info(&self) -> &EngineInfo {
@@ -117,9 +102,7 @@ impl Engine {
             .with_param("prompt"));
         }
         if params.max_tokens == 0 {
-            return Err(
-                ApiError::invalid_request("max_tokens must be at least 1").with_param("max_tokens")
-            );
+            return Err(ApiError::invalid_request("max_tokens must be at least 1").with_param("max_tokens"));
         }
         let total = prompt.len() + params.max_tokens;
         if total > info.max_model_len {
@@ -146,12 +129,7 @@ impl Engine {
         self.tx
             .send(Command::Add(Box::new(seq), otx))
             .map_err(|_| ApiError::unavailable("the engine has stopped"))?;
-        Ok(RequestStream {
-            id,
-            rx: orx,
-            tx: self.tx.clone(),
-            done: false,
-        })
+        Ok(RequestStream { id, rx: orx, tx: self.tx.clone(), done: false })
     }
 
     /// Forgets all cached prefixes (`POST /reset_prefix_cache`).
@@ -216,8 +194,11 @@ impl EngineLoop {
             }
             let outputs = self.sched.step(self.exec.as_mut());
             let stepped = !outputs.is_empty() || self.sched.num_running() > 0;
-            self.deliver(outputs);
+            // Metrics first: a client that sees its last token also sees the gauges without it.
             self.publish();
+            if self.deliver(outputs) {
+                self.publish();
+            }
             if !stepped && !self.sched.is_idle() {
                 // Waiting work that cannot be admitted (only possible transiently): wait for a
                 // command instead of spinning.
@@ -247,7 +228,10 @@ impl EngineLoop {
         self.publish();
     }
 
-    fn deliver(&mut self, outputs: Vec<SeqOutput>) {
+    /// Sends each output to its request; returns whether a request whose client is gone was
+    /// aborted.
+    fn deliver(&mut self, outputs: Vec<SeqOutput>) -> bool {
+        let mut aborted = false;
         for o in outputs {
             if let Some(t) = o.ttft {
                 self.metrics.observe_ttft(t.as_secs_f64());
@@ -271,27 +255,21 @@ impl EngineLoop {
                 num_prompt: o.num_prompt,
                 cached_tokens: o.cached_tokens,
             };
-            let gone = self
-                .streams
-                .get(&o.id)
-                .is_none_or(|tx| tx.send(out).is_err());
+            let gone = self.streams.get(&o.id).is_none_or(|tx| tx.send(out).is_err());
             if o.finish.is_some() || gone {
                 self.streams.remove(&o.id);
             }
             if gone && o.finish.is_none() {
-                self.sched.abort(o.id);
+                aborted |= self.sched.abort(o.id);
             }
         }
+        aborted
     }
 
     fn publish(&mut self) {
         self.metrics.add_stats(&self.sched.take_stats());
         let pool = self.sched.pool();
-        self.metrics.set_state(
-            self.sched.num_running(),
-            self.sched.num_waiting(),
-            pool.usage(),
-        );
+        self.metrics.set_state(self.sched.num_running(), self.sched.num_waiting(), pool.usage());
         if let Some(sink) = &self.events {
             let events = self.sched.pool_mut().take_events();
             if !events.is_empty() {

@@ -56,10 +56,7 @@ pub struct FaultInjector {
 
 impl FaultInjector {
     pub fn new(cfg: FaultConfig) -> FaultInjector {
-        FaultInjector {
-            cfg,
-            counter: AtomicU64::new(0),
-        }
+        FaultInjector { cfg, counter: AtomicU64::new(0) }
     }
 
     pub fn draw(&self) -> RequestFaults {
@@ -80,10 +77,7 @@ mod tests {
 
     #[test]
     fn rates_are_respected_roughly() {
-        let f = FaultInjector::new(FaultConfig {
-            fault_error_rate: 0.3,
-            ..Default::default()
-        });
+        let f = FaultInjector::new(FaultConfig { fault_error_rate: 0.3, ..Default::default() });
         let fails = (0..1000).filter(|_| f.draw().fail).count();
         assert!((200..400).contains(&fails), "{fails}");
         let none = FaultInjector::new(FaultConfig::default());

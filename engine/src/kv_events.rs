@@ -30,11 +30,7 @@ pub async fn start_publisher(
     let task = tokio::spawn(async move {
         let mut seq: u64 = 0;
         while let Some(events) = rx.recv().await {
-            let batch = EventBatch {
-                ts: unix_ts(),
-                events,
-                data_parallel_rank: Some(0),
-            };
+            let batch = EventBatch { ts: unix_ts(), events, data_parallel_rank: Some(0) };
             let frames = vec![
                 Bytes::from(topic.clone().into_bytes()),
                 Bytes::copy_from_slice(&seq.to_be_bytes()),
@@ -54,8 +50,5 @@ pub async fn start_publisher(
 }
 
 fn unix_ts() -> f64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_secs_f64())
-        .unwrap_or(0.0)
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs_f64()).unwrap_or(0.0)
 }

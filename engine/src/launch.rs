@@ -34,34 +34,27 @@ pub async fn launch(args: EngineArgs) -> anyhow::Result<EngineServer> {
     args.validate().map_err(anyhow::Error::msg)?;
     let tokenizer = Tokenizer::wp32k();
     let model_name = args.served_name();
-    let (executor, vocab_size): (Box<dyn Executor>, usize) =
-        match (args.executor, args.model_source()) {
-            (ExecutorKind::Sim, _) => {
-                let exec = SimExecutor::new(
-                    args.sim_timing(),
-                    (tokenizer.vocab_size() - 8) as u32,
-                    args.weight_seed,
-                );
-                (Box::new(exec), tokenizer.vocab_size())
-            }
-            (ExecutorKind::Llama, source) => {
-                let weights = match source {
-                    ModelSource::Preset(cfg) => Weights::dummy(&cfg, args.weight_seed)?,
-                    ModelSource::Checkpoint(path) => Weights::load_llama2c(&path)?,
-                };
-                let vocab = weights.cfg.vocab_size;
-                anyhow::ensure!(
-                    vocab >= tokenizer.vocab_size(),
-                    "the model's vocabulary ({vocab}) is smaller than the tokenizer's ({})",
-                    tokenizer.vocab_size()
-                );
-                tracing::info!(params = weights.cfg.num_params(), "model loaded");
-                (
-                    Box::new(LlamaExecutor::new(weights, args.kv_blocks, args.block_size)),
-                    tokenizer.vocab_size(),
-                )
-            }
-        };
+    let (executor, vocab_size): (Box<dyn Executor>, usize) = match (args.executor, args.model_source()) {
+        (ExecutorKind::Sim, _) => {
+            let exec =
+                SimExecutor::new(args.sim_timing(), (tokenizer.vocab_size() - 8) as u32, args.weight_seed);
+            (Box::new(exec), tokenizer.vocab_size())
+        }
+        (ExecutorKind::Llama, source) => {
+            let weights = match source {
+                ModelSource::Preset(cfg) => Weights::dummy(&cfg, args.weight_seed)?,
+                ModelSource::Checkpoint(path) => Weights::load_llama2c(&path)?,
+            };
+            let vocab = weights.cfg.vocab_size;
+            anyhow::ensure!(
+                vocab >= tokenizer.vocab_size(),
+                "the model's vocabulary ({vocab}) is smaller than the tokenizer's ({})",
+                tokenizer.vocab_size()
+            );
+            tracing::info!(params = weights.cfg.num_params(), "model loaded");
+            (Box::new(LlamaExecutor::new(weights, args.kv_blocks, args.block_size)), tokenizer.vocab_size())
+        }
+    };
     let info = EngineInfo {
         model_name: model_name.clone(),
         vocab_size,
@@ -79,10 +72,9 @@ pub async fn launch(args: EngineArgs) -> anyhow::Result<EngineServer> {
     ));
     let (sink, kv_events_endpoint, publisher) = match &args.kv_events_endpoint {
         Some(ep) => {
-            let (sink, bound, task) =
-                crate::kv_events::start_publisher(ep, args.kv_events_topic.clone())
-                    .await
-                    .with_context(|| format!("binding the KV event socket {ep}"))?;
+            let (sink, bound, task) = crate::kv_events::start_publisher(ep, args.kv_events_topic.clone())
+                .await
+                .with_context(|| format!("binding the KV event socket {ep}"))?;
             (Some(sink), Some(bound), Some(task))
         }
         None => (None, None, None),
@@ -104,15 +96,7 @@ pub async fn launch(args: EngineArgs) -> anyhow::Result<EngineServer> {
         faults: FaultInjector::new(args.faults.clone()),
         max_body_bytes: args.max_body_bytes,
     });
-    Ok(EngineServer {
-        addr,
-        model_name,
-        kv_events_endpoint,
-        engine,
-        listener,
-        state,
-        publisher,
-    })
+    Ok(EngineServer { addr, model_name, kv_events_endpoint, engine, listener, state, publisher })
 }
 
 impl EngineServer {

@@ -11,15 +11,10 @@ fn main() -> anyhow::Result<()> {
         .init();
     let args = EngineArgs::parse();
     args.validate().map_err(anyhow::Error::msg)?;
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()?;
+    let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
     rt.block_on(async {
         let server = warmpath_engine::launch(args).await?;
-        println!(
-            "warmpath-engine serving model {:?} on http://{}",
-            server.model_name, server.addr
-        );
+        println!("warmpath-engine serving model {:?} on http://{}", server.model_name, server.addr);
         if let Some(ep) = &server.kv_events_endpoint {
             println!("KV events published on {ep}");
         }
@@ -31,11 +26,10 @@ async fn shutdown_signal() {
     let ctrl_c = tokio::signal::ctrl_c();
     #[cfg(unix)]
     {
-        let mut term =
-            match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-                Ok(s) => s,
-                Err(_) => return ctrl_c.await.unwrap_or(()),
-            };
+        let mut term = match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(s) => s,
+            Err(_) => return ctrl_c.await.unwrap_or(()),
+        };
         tokio::select! {
             _ = ctrl_c => {}
             _ = term.recv() => {}

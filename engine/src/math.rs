@@ -12,29 +12,14 @@ pub struct View<'a> {
 }
 
 /// `c = a · b + beta · c` with `a` m×k, `b` k×n, and `c` m×n at `c[i * rsc + j]`.
-pub fn gemm(
-    m: usize,
-    k: usize,
-    n: usize,
-    a: View<'_>,
-    b: View<'_>,
-    c: &mut [f32],
-    rsc: usize,
-    beta: f32,
-) {
+pub fn gemm(m: usize, k: usize, n: usize, a: View<'_>, b: View<'_>, c: &mut [f32], rsc: usize, beta: f32) {
     if m == 0 || n == 0 {
         return;
     }
     let last = |rows: usize, cols: usize, rs: usize, cs: usize| (rows - 1) * rs + (cols - 1) * cs;
     assert!(k > 0, "gemm with k = 0");
-    assert!(
-        last(m, k, a.rs, a.cs) < a.data.len(),
-        "gemm: a out of bounds"
-    );
-    assert!(
-        last(k, n, b.rs, b.cs) < b.data.len(),
-        "gemm: b out of bounds"
-    );
+    assert!(last(m, k, a.rs, a.cs) < a.data.len(), "gemm: a out of bounds");
+    assert!(last(k, n, b.rs, b.cs) < b.data.len(), "gemm: b out of bounds");
     assert!(last(m, n, rsc, 1) < c.len(), "gemm: c out of bounds");
     // SAFETY: the asserts above keep every element sgemm touches inside the three slices, and
     // `c` is a unique borrow that aliases neither input.
@@ -58,26 +43,83 @@ pub fn gemm(
     }
 }
 
+/// Below this many rows, [`matmul_wt`] streams the weight once with dot products instead of
+/// calling sgemm: sgemm packs the whole weight matrix on every call, which for a decode step
+/// (a few rows against a 32k × 288 classifier) costs far more than the arithmetic.
+const SMALL_BATCH_ROWS: usize = 32;
+
 /// `out[t×n] = x[t×k] · wᵀ` for a weight `w` stored `[n × k]` row-major (llama2.c layout).
 pub fn matmul_wt(out: &mut [f32], x: &[f32], w: &[f32], t: usize, k: usize, n: usize) {
-    gemm(
-        t,
-        k,
-        n,
-        View {
-            data: x,
-            rs: k,
-            cs: 1,
-        },
-        View {
-            data: w,
-            rs: 1,
-            cs: k,
-        },
-        out,
-        n,
-        0.0,
-    );
+    if t > SMALL_BATCH_ROWS {
+        gemm(t, k, n, View { data: x, rs: k, cs: 1 }, View { data: w, rs: 1, cs: k }, out, n, 0.0);
+        return;
+    }
+    assert!(x.len() >= t * k && w.len() >= n * k && out.len() >= t * n, "matmul_wt: bad sizes");
+    #[cfg(target_arch = "x86_64")]
+    if std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma") {
+        // SAFETY: the CPU has the features the function is compiled for (checked just above).
+        unsafe { rows_avx2_fma(out, x, w, t, k, n) };
+        return;
+    }
+    rows::<false>(out, x, w, t, k, n);
+}
+
+/// [`rows`] compiled for AVX2 + FMA, picked at run time.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn rows_avx2_fma(out: &mut [f32], x: &[f32], w: &[f32], t: usize, k: usize, n: usize) {
+    rows::<true>(out, x, w, t, k, n);
+}
+
+const LANES: usize = 16;
+
+/// Streams each weight row once against up to four input rows at a time: independent 16-lane
+/// accumulators per row keep the vector units busy, and the weight is read once per block.
+/// `FMA` uses fused multiply-add (only where the CPU has it: elsewhere `mul_add` is a libm call).
+#[inline(always)]
+fn rows<const FMA: bool>(out: &mut [f32], x: &[f32], w: &[f32], t: usize, k: usize, n: usize) {
+    let body = k / LANES * LANES;
+    let mut i = 0;
+    while i < t {
+        let r = (t - i).min(4);
+        if r == 1 {
+            // A lone row (decode of one sequence): no duplicated work.
+            let xr = &x[i * k..(i + 1) * k];
+            for (j, wrow) in w.chunks_exact(k).take(n).enumerate() {
+                let mut acc = [0.0f32; LANES];
+                for c in (0..body).step_by(LANES) {
+                    let (wc, xc) = (&wrow[c..c + LANES], &xr[c..c + LANES]);
+                    for l in 0..LANES {
+                        acc[l] = if FMA { xc[l].mul_add(wc[l], acc[l]) } else { acc[l] + xc[l] * wc[l] };
+                    }
+                }
+                let tail: f32 = xr[body..].iter().zip(&wrow[body..]).map(|(a, b)| a * b).sum();
+                out[i * n + j] = acc.iter().sum::<f32>() + tail;
+            }
+            i += 1;
+            continue;
+        }
+        // Fewer than four rows left: repeat the last one (its result is written once).
+        let xs: [&[f32]; 4] = std::array::from_fn(|q| &x[(i + q.min(r - 1)) * k..(i + q.min(r - 1) + 1) * k]);
+        for (j, wrow) in w.chunks_exact(k).take(n).enumerate() {
+            let mut acc = [[0.0f32; LANES]; 4];
+            for c in (0..body).step_by(LANES) {
+                let wc = &wrow[c..c + LANES];
+                for q in 0..4 {
+                    let xc = &xs[q][c..c + LANES];
+                    for l in 0..LANES {
+                        acc[q][l] =
+                            if FMA { xc[l].mul_add(wc[l], acc[q][l]) } else { acc[q][l] + xc[l] * wc[l] };
+                    }
+                }
+            }
+            for q in 0..r {
+                let tail: f32 = xs[q][body..].iter().zip(&wrow[body..]).map(|(a, b)| a * b).sum();
+                out[(i + q) * n + j] = acc[q].iter().sum::<f32>() + tail;
+            }
+        }
+        i += r;
+    }
 }
 
 /// Root-mean-square norm of each `dim`-wide row of `x`, scaled by `weight`, into `out`.
@@ -139,6 +181,24 @@ mod tests {
             for j in 0..n {
                 let want: f32 = (0..k).map(|l| x[i * k + l] * w[j * k + l]).sum();
                 assert!((out[i * n + j] - want).abs() < 1e-5);
+            }
+        }
+    }
+
+    #[test]
+    fn small_and_large_batches_agree() {
+        let (k, n) = (37, 19);
+        let w: Vec<f32> = (0..n * k).map(|i| (i as f32 * 0.11).cos()).collect();
+        let x: Vec<f32> = (0..64 * k).map(|i| (i as f32 * 0.07).sin()).collect();
+        let mut big = vec![0.0; 64 * n];
+        matmul_wt(&mut big, &x, &w, 64, k, n); // sgemm path
+        for rows in [1, 3, 4, 6] {
+            let mut small = vec![0.0; rows * n];
+            matmul_wt(&mut small, &x[..rows * k], &w, rows, k, n); // streaming path
+            let mut plain = vec![0.0; rows * n];
+            super::rows::<false>(&mut plain, &x[..rows * k], &w, rows, k, n); // portable path
+            for ((a, b), c) in small.iter().zip(&big[..rows * n]).zip(&plain) {
+                assert!((a - b).abs() < 1e-4 && (c - b).abs() < 1e-4);
             }
         }
     }

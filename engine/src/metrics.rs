@@ -9,8 +9,8 @@ use prometheus::{
 use crate::scheduler::{FinishTimings, StepStats};
 
 const LATENCY_BUCKETS: &[f64] = &[
-    0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0,
-    20.0, 40.0, 80.0,
+    0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0,
+    80.0,
 ];
 
 /// All metrics of one engine.
@@ -75,25 +75,14 @@ impl Metrics {
             Ok(c.with_label_values(&values))
         };
         let histogram = |name: &str, help: &str| -> prometheus::Result<prometheus::Histogram> {
-            let h = HistogramVec::new(
-                HistogramOpts::new(name, help).buckets(LATENCY_BUCKETS.to_vec()),
-                &labels,
-            )?;
+            let h =
+                HistogramVec::new(HistogramOpts::new(name, help).buckets(LATENCY_BUCKETS.to_vec()), &labels)?;
             registry.register(Box::new(h.clone()))?;
             Ok(h.with_label_values(&values))
         };
         let info = GaugeVec::new(
-            Opts::new(
-                "vllm:cache_config_info",
-                "Information of the KV cache configuration",
-            ),
-            &[
-                "model_name",
-                "engine",
-                "block_size",
-                "num_gpu_blocks",
-                "enable_prefix_caching",
-            ],
+            Opts::new("vllm:cache_config_info", "Information of the KV cache configuration"),
+            &["model_name", "engine", "block_size", "num_gpu_blocks", "enable_prefix_caching"],
         )?;
         registry.register(Box::new(info.clone()))?;
         info.with_label_values(&[
@@ -105,74 +94,35 @@ impl Metrics {
         ])
         .set(1.0);
         let success = CounterVec::new(
-            Opts::new(
-                "vllm:request_success_total",
-                "Count of successfully processed requests",
-            ),
+            Opts::new("vllm:request_success_total", "Count of successfully processed requests"),
             &["model_name", "engine", "finished_reason"],
         )?;
         registry.register(Box::new(success.clone()))?;
         Ok(Metrics {
-            running: gauge(
-                "vllm:num_requests_running",
-                "Number of requests in model execution batches",
-            )?,
-            waiting: gauge(
-                "vllm:num_requests_waiting",
-                "Number of requests waiting to be processed",
-            )?,
-            kv_usage: gauge(
-                "vllm:kv_cache_usage_perc",
-                "KV-cache usage. 1 means 100 percent usage",
-            )?,
+            running: gauge("vllm:num_requests_running", "Number of requests in model execution batches")?,
+            waiting: gauge("vllm:num_requests_waiting", "Number of requests waiting to be processed")?,
+            kv_usage: gauge("vllm:kv_cache_usage_perc", "KV-cache usage. 1 means 100 percent usage")?,
             kv_usage_legacy: gauge(
                 "vllm:gpu_cache_usage_perc",
                 "KV-cache usage (older name of vllm:kv_cache_usage_perc)",
             )?,
-            prefix_queries: counter(
-                "vllm:prefix_cache_queries_total",
-                "Prefix cache queries, in tokens",
-            )?,
-            prefix_hits: counter(
-                "vllm:prefix_cache_hits_total",
-                "Prefix cache hits, in tokens",
-            )?,
-            prompt_tokens: counter(
-                "vllm:prompt_tokens_total",
-                "Number of prefill tokens processed",
-            )?,
+            prefix_queries: counter("vllm:prefix_cache_queries_total", "Prefix cache queries, in tokens")?,
+            prefix_hits: counter("vllm:prefix_cache_hits_total", "Prefix cache hits, in tokens")?,
+            prompt_tokens: counter("vllm:prompt_tokens_total", "Number of prefill tokens processed")?,
             generation_tokens: counter(
                 "vllm:generation_tokens_total",
                 "Number of generation tokens processed",
             )?,
-            preemptions: counter(
-                "vllm:num_preemptions_total",
-                "Cumulative number of preemptions",
-            )?,
-            ttft: histogram(
-                "vllm:time_to_first_token_seconds",
-                "Time to first token in seconds",
-            )?,
-            itl: histogram(
-                "vllm:inter_token_latency_seconds",
-                "Inter-token latency in seconds",
-            )?,
-            e2e: histogram(
-                "vllm:e2e_request_latency_seconds",
-                "End-to-end request latency in seconds",
-            )?,
+            preemptions: counter("vllm:num_preemptions_total", "Cumulative number of preemptions")?,
+            ttft: histogram("vllm:time_to_first_token_seconds", "Time to first token in seconds")?,
+            itl: histogram("vllm:inter_token_latency_seconds", "Inter-token latency in seconds")?,
+            e2e: histogram("vllm:e2e_request_latency_seconds", "End-to-end request latency in seconds")?,
             queue: histogram(
                 "vllm:request_queue_time_seconds",
                 "Time spent waiting in the queue, in seconds",
             )?,
-            prefill: histogram(
-                "vllm:request_prefill_time_seconds",
-                "Time spent in prefill, in seconds",
-            )?,
-            decode: histogram(
-                "vllm:request_decode_time_seconds",
-                "Time spent in decode, in seconds",
-            )?,
+            prefill: histogram("vllm:request_prefill_time_seconds", "Time spent in prefill, in seconds")?,
+            decode: histogram("vllm:request_decode_time_seconds", "Time spent in decode, in seconds")?,
             success,
             registry,
             model_name: model_name.to_owned(),
@@ -205,9 +155,7 @@ impl Metrics {
     }
 
     pub fn observe_finished(&self, reason: &str, t: &FinishTimings) {
-        self.success
-            .with_label_values(&[self.model_name.as_str(), self.engine.as_str(), reason])
-            .inc();
+        self.success.with_label_values(&[self.model_name.as_str(), self.engine.as_str(), reason]).inc();
         self.e2e.observe(t.e2e.as_secs_f64());
         self.queue.observe(t.queue.as_secs_f64());
         self.prefill.observe(t.prefill.as_secs_f64());
@@ -231,11 +179,7 @@ mod tests {
     fn renders_vllm_names_with_labels() {
         let m = Metrics::new("tiny", "0", 16, 128, true);
         m.set_state(2, 1, 0.25);
-        m.add_stats(&StepStats {
-            prefix_queries: 100,
-            prefix_hits: 40,
-            ..Default::default()
-        });
+        m.add_stats(&StepStats { prefix_queries: 100, prefix_hits: 40, ..Default::default() });
         let t = FinishTimings {
             queue: Duration::from_millis(1),
             prefill: Duration::from_millis(2),

@@ -99,10 +99,7 @@ pub enum ModelError {
     #[error("unsupported model shape: {0}")]
     Shape(String),
     #[error("reading checkpoint {path}: {source}")]
-    Io {
-        path: String,
-        source: std::io::Error,
-    },
+    Io { path: String, source: std::io::Error },
     #[error("checkpoint {0} is truncated or has a bad header")]
     Truncated(String),
 }
@@ -140,14 +137,10 @@ impl Weights {
         let (d, h, kv) = (cfg.dim, cfg.hidden_dim, cfg.kv_dim());
         let mut rng = Rng::new(seed);
         // Embeddings have variance ~1/3 (not fan-in scaled): RMSNorm rescales them anyway.
-        let embed: Vec<f32> = (0..cfg.vocab_size * d)
-            .map(|_| rng.next_f32() * 2.0 - 1.0)
-            .collect();
+        let embed: Vec<f32> = (0..cfg.vocab_size * d).map(|_| rng.next_f32() * 2.0 - 1.0).collect();
         let mut mat = |rows: usize, cols: usize| -> Vec<f32> {
             let a = (3.0 / cols as f32).sqrt();
-            (0..rows * cols)
-                .map(|_| (rng.next_f32() * 2.0 - 1.0) * a)
-                .collect()
+            (0..rows * cols).map(|_| (rng.next_f32() * 2.0 - 1.0) * a).collect()
         };
         let layers = (0..cfg.n_layers)
             .map(|_| LayerWeights {
@@ -162,31 +155,20 @@ impl Weights {
                 w3: mat(h, d),
             })
             .collect();
-        Ok(Weights {
-            cfg: cfg.clone(),
-            embed,
-            layers,
-            rms_final: vec![1.0; d],
-            wcls: None,
-        })
+        Ok(Weights { cfg: cfg.clone(), embed, layers, rms_final: vec![1.0; d], wcls: None })
     }
 
     /// Reads a llama2.c checkpoint (`run.c` format: seven i32 header fields, then f32 arrays;
     /// a negative vocab size means an unshared output projection follows).
     pub fn load_llama2c(path: &Path) -> Result<Weights, ModelError> {
         let p = path.display().to_string();
-        let bytes = std::fs::read(path).map_err(|source| ModelError::Io {
-            path: p.clone(),
-            source,
-        })?;
+        let bytes = std::fs::read(path).map_err(|source| ModelError::Io { path: p.clone(), source })?;
         let truncated = || ModelError::Truncated(p.clone());
         if bytes.len() < 28 {
             return Err(truncated());
         }
-        let header: Vec<i32> = bytes[..28]
-            .chunks_exact(4)
-            .map(|c| i32::from_le_bytes([c[0], c[1], c[2], c[3]]))
-            .collect();
+        let header: Vec<i32> =
+            bytes[..28].chunks_exact(4).map(|c| i32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect();
         if header.iter().enumerate().any(|(i, &v)| v <= 0 && i != 5) || header[5] == 0 {
             return Err(truncated());
         }
@@ -203,10 +185,8 @@ impl Weights {
         cfg.validate()?;
         let shared = header[5] > 0;
         let seq_len = header[6] as usize;
-        let floats: Vec<f32> = bytes[28..]
-            .chunks_exact(4)
-            .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
-            .collect();
+        let floats: Vec<f32> =
+            bytes[28..].chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect();
         let mut at = 0usize;
         let mut take = |n: usize| -> Result<Vec<f32>, ModelError> {
             let s = floats.get(at..at + n).ok_or_else(truncated)?.to_vec();
@@ -217,10 +197,7 @@ impl Weights {
         let embed = take(cfg.vocab_size * d)?;
         // Arrays are stored all layers at a time: split each into per-layer slices.
         let mut split = |per: usize| -> Result<Vec<Vec<f32>>, ModelError> {
-            Ok(take(per * l)?
-                .chunks_exact(per)
-                .map(<[f32]>::to_vec)
-                .collect())
+            Ok(take(per * l)?.chunks_exact(per).map(<[f32]>::to_vec).collect())
         };
         let rms_att = split(d)?;
         let wq = split(d * d)?;
@@ -233,11 +210,7 @@ impl Weights {
         let w3 = split(h * d)?;
         let rms_final = take(d)?;
         take(seq_len * cfg.head_size())?; // precomputed RoPE tables (real + imag halves): unused
-        let wcls = if shared {
-            None
-        } else {
-            Some(take(cfg.vocab_size * d)?)
-        };
+        let wcls = if shared { None } else { Some(take(cfg.vocab_size * d)?) };
         let layers = (0..l)
             .map(|i| LayerWeights {
                 rms_att: rms_att[i].clone(),
@@ -251,23 +224,13 @@ impl Weights {
                 w3: w3[i].clone(),
             })
             .collect();
-        Ok(Weights {
-            cfg,
-            embed,
-            layers,
-            rms_final,
-            wcls,
-        })
+        Ok(Weights { cfg, embed, layers, rms_final, wcls })
     }
 
     /// Writes the weights as a llama2.c checkpoint (for tests and for sharing dummy models).
     pub fn save_llama2c(&self, path: &Path, seq_len: usize) -> std::io::Result<()> {
         let c = &self.cfg;
-        let vocab = if self.wcls.is_some() {
-            -(c.vocab_size as i32)
-        } else {
-            c.vocab_size as i32
-        };
+        let vocab = if self.wcls.is_some() { -(c.vocab_size as i32) } else { c.vocab_size as i32 };
         let header = [c.dim, c.hidden_dim, c.n_layers, c.n_heads, c.n_kv_heads]
             .map(|v| v as i32)
             .into_iter()
@@ -312,11 +275,7 @@ mod tests {
     #[test]
     fn presets_have_the_advertised_sizes() {
         let tiny = ModelConfig::tiny();
-        assert!(
-            (15_000_000..15_500_000).contains(&tiny.num_params()),
-            "{}",
-            tiny.num_params()
-        );
+        assert!((15_000_000..15_500_000).contains(&tiny.num_params()), "{}", tiny.num_params());
         assert_eq!(tiny.kv_bytes_per_token(), 13_824);
         let micro = ModelConfig::micro();
         assert_eq!(micro.kv_dim(), 32);
@@ -348,10 +307,7 @@ mod tests {
         assert_eq!(r.layers[1].w3, w.layers[1].w3);
         assert_eq!(r.wcls, w.wcls);
         std::fs::write(&path, &std::fs::read(&path).expect("read")[..1000]).expect("write");
-        assert!(matches!(
-            Weights::load_llama2c(&path),
-            Err(ModelError::Truncated(_))
-        ));
+        assert!(matches!(Weights::load_llama2c(&path), Err(ModelError::Truncated(_))));
         let _ = std::fs::remove_dir_all(dir);
     }
 }

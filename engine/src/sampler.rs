@@ -37,11 +37,7 @@ impl Sampler {
     /// `temperature` ≤ 1e-5 means greedy. `seed` None draws a fresh one.
     pub fn new(temperature: f32, top_p: f32, seed: Option<u64>) -> Sampler {
         let seed = seed.unwrap_or_else(fresh_seed);
-        Sampler {
-            temperature,
-            top_p: top_p.clamp(f32::MIN_POSITIVE, 1.0),
-            rng: Rng::new(seed),
-        }
+        Sampler { temperature, top_p: top_p.clamp(f32::MIN_POSITIVE, 1.0), rng: Rng::new(seed) }
     }
 
     pub fn is_greedy(&self) -> bool {
@@ -136,9 +132,7 @@ mod tests {
         let logits: Vec<f32> = (0..100).map(|i| (i % 7) as f32 * 0.3).collect();
         let run = |seed| {
             let mut s = Sampler::new(1.0, 0.9, Some(seed));
-            (0..50)
-                .map(|_| s.sample(&mut logits.clone()))
-                .collect::<Vec<_>>()
+            (0..50).map(|_| s.sample(&mut logits.clone())).collect::<Vec<_>>()
         };
         assert_eq!(run(42), run(42));
         assert_ne!(run(42), run(43));

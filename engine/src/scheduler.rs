@@ -59,12 +59,7 @@ pub struct Sequence {
 }
 
 impl Sequence {
-    pub fn new(
-        id: u64,
-        prompt: Vec<u32>,
-        params: SamplingParams,
-        cache_salt: Option<String>,
-    ) -> Sequence {
+    pub fn new(id: u64, prompt: Vec<u32>, params: SamplingParams, cache_salt: Option<String>) -> Sequence {
         let sampler = Sampler::new(params.temperature, params.top_p, params.seed);
         Sequence {
             id,
@@ -141,13 +136,7 @@ pub struct Scheduler {
 
 impl Scheduler {
     pub fn new(cfg: SchedulerConfig, pool: BlockPool) -> Scheduler {
-        Scheduler {
-            cfg,
-            pool,
-            waiting: VecDeque::new(),
-            running: Vec::new(),
-            stats: StepStats::default(),
-        }
+        Scheduler { cfg, pool, waiting: VecDeque::new(), running: Vec::new(), stats: StepStats::default() }
     }
 
     pub fn pool(&self) -> &BlockPool {
@@ -331,12 +320,7 @@ impl Scheduler {
             s.num_computed += s.num_scheduled;
             s.num_scheduled = 0;
             // Register blocks that are now full of computed tokens.
-            extend_block_hashes(
-                &mut s.hashes,
-                &s.tokens[..s.num_computed],
-                bs,
-                s.cache_salt.as_deref(),
-            );
+            extend_block_hashes(&mut s.hashes, &s.tokens[..s.num_computed], bs, s.cache_salt.as_deref());
             let full = s.num_computed / bs;
             if full > s.num_cached_blocks && self.cfg.enable_prefix_caching {
                 let from = s.num_cached_blocks;
@@ -374,9 +358,7 @@ impl Scheduler {
             s.last_token = Some(now);
             if s.params.stop_token_ids.contains(&token) {
                 out.finish = Some(FinishReason::Stop);
-            } else if s.num_output() >= s.params.max_tokens
-                || s.tokens.len() >= self.cfg.max_model_len
-            {
+            } else if s.num_output() >= s.params.max_tokens || s.tokens.len() >= self.cfg.max_model_len {
                 out.finish = Some(FinishReason::Length);
             }
             if out.finish.is_some() {
@@ -416,27 +398,14 @@ mod tests {
             "recorder"
         }
         fn execute(&mut self, batch: &mut [SeqStep<'_>]) -> Vec<Option<u32>> {
-            self.steps.push(
-                batch
-                    .iter()
-                    .map(|s| (s.start_pos, s.tokens.len(), s.sampler.is_some()))
-                    .collect(),
-            );
-            batch
-                .iter()
-                .map(|s| s.sampler.as_ref().map(|_| 1))
-                .collect()
+            self.steps
+                .push(batch.iter().map(|s| (s.start_pos, s.tokens.len(), s.sampler.is_some())).collect());
+            batch.iter().map(|s| s.sampler.as_ref().map(|_| 1)).collect()
         }
     }
 
     fn params(max_tokens: usize) -> SamplingParams {
-        SamplingParams {
-            max_tokens,
-            temperature: 0.0,
-            top_p: 1.0,
-            seed: None,
-            stop_token_ids: vec![0],
-        }
+        SamplingParams { max_tokens, temperature: 0.0, top_p: 1.0, seed: None, stop_token_ids: vec![0] }
     }
 
     fn sched(blocks: usize, budget: usize, seqs: usize) -> Scheduler {
@@ -539,11 +508,7 @@ mod tests {
         assert_eq!(finished.len(), 2, "both complete");
         assert!(s.take_stats().preemptions >= 1);
         // Sequence 2 was recomputed from position 0 or from its cached blocks after preemption.
-        assert!(ex
-            .steps
-            .iter()
-            .skip(1)
-            .any(|st| st.iter().any(|&(pos, n, _)| n > 1 && pos < 16)));
+        assert!(ex.steps.iter().skip(1).any(|st| st.iter().any(|&(pos, n, _)| n > 1 && pos < 16)));
         assert_eq!(s.pool().num_free(), 6);
     }
 
@@ -570,10 +535,7 @@ mod tests {
                 "eos"
             }
             fn execute(&mut self, batch: &mut [SeqStep<'_>]) -> Vec<Option<u32>> {
-                batch
-                    .iter()
-                    .map(|s| s.sampler.as_ref().map(|_| 0))
-                    .collect()
+                batch.iter().map(|s| s.sampler.as_ref().map(|_| 0)).collect()
             }
         }
         let mut s = sched(16, 100, 4);

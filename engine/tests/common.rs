@@ -26,25 +26,17 @@ pub async fn start(args: EngineArgs) -> TestEngine {
     tokio::spawn(server.run_until(async move {
         let _ = rx.await;
     }));
-    TestEngine {
-        addr,
-        kv_events,
-        _stop: tx,
-    }
+    TestEngine { addr, kv_events, _stop: tx }
 }
 
 pub async fn micro() -> TestEngine {
     start(EngineArgs::for_tests("micro")).await
 }
 
-async fn send(
-    addr: SocketAddr,
-    req: Request<Full<Bytes>>,
-) -> hyper::Response<hyper::body::Incoming> {
+async fn send(addr: SocketAddr, req: Request<Full<Bytes>>) -> hyper::Response<hyper::body::Incoming> {
     let stream = tokio::net::TcpStream::connect(addr).await.expect("connect");
-    let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
-        .await
-        .expect("handshake");
+    let (mut sender, conn) =
+        hyper::client::conn::http1::handshake(TokioIo::new(stream)).await.expect("handshake");
     tokio::spawn(conn);
     sender.send_request(req).await.expect("response")
 }
@@ -62,23 +54,13 @@ pub async fn post(addr: SocketAddr, path: &str, body: impl Into<Bytes>) -> (u16,
     (status, String::from_utf8_lossy(&body).into_owned())
 }
 
-pub async fn post_json(
-    addr: SocketAddr,
-    path: &str,
-    body: serde_json::Value,
-) -> (u16, serde_json::Value) {
+pub async fn post_json(addr: SocketAddr, path: &str, body: serde_json::Value) -> (u16, serde_json::Value) {
     let (status, text) = post(addr, path, body.to_string()).await;
-    (
-        status,
-        serde_json::from_str(&text).unwrap_or_else(|_| panic!("not JSON: {text}")),
-    )
+    (status, serde_json::from_str(&text).unwrap_or_else(|_| panic!("not JSON: {text}")))
 }
 
 pub async fn get(addr: SocketAddr, path: &str) -> (u16, String) {
-    let req = Request::get(path)
-        .header("host", "127.0.0.1")
-        .body(Full::new(Bytes::new()))
-        .expect("request");
+    let req = Request::get(path).header("host", "127.0.0.1").body(Full::new(Bytes::new())).expect("request");
     let resp = send(addr, req).await;
     let status = resp.status().as_u16();
     let body = resp.into_body().collect().await.expect("body").to_bytes();
@@ -103,11 +85,7 @@ pub async fn post_streaming(
 pub fn sse_data(body: &str) -> Vec<String> {
     body.split("\n\n")
         .filter(|e| !e.is_empty())
-        .map(|e| {
-            e.strip_prefix("data: ")
-                .unwrap_or_else(|| panic!("bad SSE event {e:?}"))
-                .to_owned()
-        })
+        .map(|e| e.strip_prefix("data: ").unwrap_or_else(|| panic!("bad SSE event {e:?}")).to_owned())
         .collect()
 }
 

@@ -46,9 +46,9 @@ async fn die_after_tokens_cuts_the_stream_without_done() {
     let mut broke = false;
     while let Some(frame) = body.frame().await {
         match frame {
-            Ok(f) => text.push_str(&String::from_utf8_lossy(
-                f.data_ref().map(|b| b.as_ref()).unwrap_or_default(),
-            )),
+            Ok(f) => {
+                text.push_str(&String::from_utf8_lossy(f.data_ref().map(|b| b.as_ref()).unwrap_or_default()))
+            }
             Err(_) => {
                 broke = true;
                 break;
@@ -58,10 +58,7 @@ async fn die_after_tokens_cuts_the_stream_without_done() {
     assert!(broke, "the connection was cut mid-body");
     assert!(!text.contains("[DONE]"));
     let events = text.matches("data: ").count();
-    assert!(
-        (1..=2).contains(&events),
-        "at most the 2 promised tokens, got {events}"
-    );
+    assert!((1..=2).contains(&events), "at most the 2 promised tokens, got {events}");
 }
 
 #[tokio::test]
@@ -76,10 +73,7 @@ async fn malformed_rate_one_sends_broken_json() {
     )
     .await;
     assert_eq!(s, 200);
-    assert!(
-        serde_json::from_str::<serde_json::Value>(&body).is_err(),
-        "{body}"
-    );
+    assert!(serde_json::from_str::<serde_json::Value>(&body).is_err(), "{body}");
 }
 
 #[tokio::test]

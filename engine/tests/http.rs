@@ -24,31 +24,20 @@ async fn chat_streaming_is_framed_like_openai() {
     let body = resp.into_body().collect().await.expect("body").to_bytes();
     let events = sse_data(&String::from_utf8_lossy(&body));
     assert_eq!(events.last().map(String::as_str), Some("[DONE]"));
-    let chunks: Vec<Value> = events[..events.len() - 1]
-        .iter()
-        .map(|e| serde_json::from_str(e).expect("json"))
-        .collect();
+    let chunks: Vec<Value> =
+        events[..events.len() - 1].iter().map(|e| serde_json::from_str(e).expect("json")).collect();
     assert_eq!(chunks[0]["choices"][0]["delta"]["role"], "assistant");
-    assert!(chunks
-        .iter()
-        .all(|c| c["object"] == "chat.completion.chunk"));
+    assert!(chunks.iter().all(|c| c["object"] == "chat.completion.chunk"));
     let id = &chunks[0]["id"];
     assert!(chunks.iter().all(|c| &c["id"] == id), "one id per stream");
-    let finish: Vec<&Value> = chunks
-        .iter()
-        .filter(|c| c["choices"][0]["finish_reason"].is_string())
-        .collect();
+    let finish: Vec<&Value> =
+        chunks.iter().filter(|c| c["choices"][0]["finish_reason"].is_string()).collect();
     assert_eq!(finish.len(), 1);
     assert_eq!(finish[0]["choices"][0]["finish_reason"], "length");
     let usage_chunk = chunks.last().expect("usage chunk");
     assert_eq!(usage_chunk["choices"], json!([]));
     assert_eq!(usage_chunk["usage"]["completion_tokens"], 5);
-    assert!(
-        chunks[..chunks.len() - 1]
-            .iter()
-            .all(|c| c["usage"].is_null()),
-        "usage null until the end"
-    );
+    assert!(chunks[..chunks.len() - 1].iter().all(|c| c["usage"].is_null()), "usage null until the end");
 }
 
 #[tokio::test]
@@ -60,27 +49,13 @@ async fn a_repeated_prompt_reports_cached_tokens() {
     assert_eq!(s, 200);
     assert_eq!(first["usage"]["prompt_tokens_details"]["cached_tokens"], 0);
     let (_, second) = post_json(e.addr, "/v1/chat/completions", body).await;
-    let prompt = second["usage"]["prompt_tokens"]
-        .as_u64()
-        .expect("prompt_tokens");
-    let cached = second["usage"]["prompt_tokens_details"]["cached_tokens"]
-        .as_u64()
-        .expect("cached");
+    let prompt = second["usage"]["prompt_tokens"].as_u64().expect("prompt_tokens");
+    let cached = second["usage"]["prompt_tokens_details"]["cached_tokens"].as_u64().expect("cached");
     assert!(prompt > 100);
-    assert_eq!(
-        cached,
-        (prompt - 1) / 16 * 16,
-        "every full block but the one holding the last token"
-    );
+    assert_eq!(cached, (prompt - 1) / 16 * 16, "every full block but the one holding the last token");
     let (_, m) = get(e.addr, "/metrics").await;
-    assert_eq!(
-        metric(&m, "vllm:prefix_cache_hits_total{"),
-        Some(cached as f64)
-    );
-    assert_eq!(
-        metric(&m, "vllm:prefix_cache_queries_total{"),
-        Some(2.0 * prompt as f64)
-    );
+    assert_eq!(metric(&m, "vllm:prefix_cache_hits_total{"), Some(cached as f64));
+    assert_eq!(metric(&m, "vllm:prefix_cache_queries_total{"), Some(2.0 * prompt as f64));
     assert_eq!(metric(&m, "vllm:request_success_total{"), Some(2.0));
     assert_eq!(metric(&m, "vllm:num_requests_running{"), Some(0.0));
     assert!(m.contains("vllm:time_to_first_token_seconds_bucket"));
@@ -89,7 +64,8 @@ async fn a_repeated_prompt_reports_cached_tokens() {
 #[tokio::test]
 async fn seeded_sampling_repeats() {
     let e = micro().await;
-    let body = json!({"model": "micro", "prompt": "once upon", "max_tokens": 12, "temperature": 1.0, "seed": 7});
+    let body =
+        json!({"model": "micro", "prompt": "once upon", "max_tokens": 12, "temperature": 1.0, "seed": 7});
     let (_, a) = post_json(e.addr, "/v1/completions", body.clone()).await;
     let (_, b) = post_json(e.addr, "/v1/completions", body).await;
     assert_eq!(a["choices"][0]["text"], b["choices"][0]["text"]);
@@ -131,10 +107,7 @@ async fn completions_take_token_ids_n_and_stop() {
         with_stop["stop"] = json!([stop]);
         let (_, st) = post_json(e.addr, "/v1/completions", with_stop).await;
         let cut = st["choices"][0]["text"].as_str().expect("text");
-        assert!(
-            !cut.contains(&stop) && text.starts_with(cut),
-            "{cut:?} vs {text:?} stop {stop:?}"
-        );
+        assert!(!cut.contains(&stop) && text.starts_with(cut), "{cut:?} vs {text:?} stop {stop:?}");
         assert_eq!(st["choices"][0]["finish_reason"], "stop");
     }
 }
@@ -146,78 +119,28 @@ async fn bad_input_gets_openai_errors_and_the_server_keeps_serving() {
     args.max_body_bytes = 4096;
     let e = start(args).await;
     let cases: Vec<(&str, String, u16, &str)> = vec![
-        (
-            "/v1/chat/completions",
-            "{not json".into(),
-            400,
-            "invalid JSON",
-        ),
-        (
-            "/v1/chat/completions",
-            r#"{"model":"micro","messages":"hi"}"#.into(),
-            400,
-            "invalid request",
-        ),
-        (
-            "/v1/chat/completions",
-            r#"{"model":"micro"}"#.into(),
-            400,
-            "missing field",
-        ),
-        (
-            "/v1/chat/completions",
-            r#"{"model":"micro","messages":[]}"#.into(),
-            400,
-            "empty",
-        ),
+        ("/v1/chat/completions", "{not json".into(), 400, "invalid JSON"),
+        ("/v1/chat/completions", r#"{"model":"micro","messages":"hi"}"#.into(), 400, "invalid request"),
+        ("/v1/chat/completions", r#"{"model":"micro"}"#.into(), 400, "missing field"),
+        ("/v1/chat/completions", r#"{"model":"micro","messages":[]}"#.into(), 400, "empty"),
         (
             "/v1/chat/completions",
             r#"{"model":"nope","messages":[{"role":"user","content":"x"}]}"#.into(),
             404,
             "does not exist",
         ),
-        (
-            "/v1/completions",
-            r#"{"model":"micro","prompt":"x","max_tokens":0}"#.into(),
-            400,
-            "max_tokens",
-        ),
-        (
-            "/v1/completions",
-            r#"{"model":"micro","prompt":"x","max_tokens":-3}"#.into(),
-            400,
-            "max_tokens",
-        ),
+        ("/v1/completions", r#"{"model":"micro","prompt":"x","max_tokens":0}"#.into(), 400, "max_tokens"),
+        ("/v1/completions", r#"{"model":"micro","prompt":"x","max_tokens":-3}"#.into(), 400, "max_tokens"),
         (
             "/v1/completions",
             json!({"model":"micro","prompt":long_text(80),"max_tokens":1}).to_string(),
             400,
             "maximum context length",
         ),
-        (
-            "/v1/completions",
-            r#"{"model":"micro","prompt":[99999999]}"#.into(),
-            400,
-            "vocabulary",
-        ),
-        (
-            "/v1/completions",
-            r#"{"model":"micro","prompt":"x","temperature":9}"#.into(),
-            400,
-            "temperature",
-        ),
-        (
-            "/v1/completions",
-            r#"{"model":"micro","prompt":""}"#.into(),
-            400,
-            "empty",
-        ),
-        (
-            "/v1/completions",
-            json!({"model":"micro","prompt":"x".repeat(5000)}).to_string(),
-            413,
-            "exceeds",
-        ),
+        ("/v1/completions", r#"{"model":"micro","prompt":[99999999]}"#.into(), 400, "vocabulary"),
+        ("/v1/completions", r#"{"model":"micro","prompt":"x","temperature":9}"#.into(), 400, "temperature"),
+        ("/v1/completions", r#"{"model":"micro","prompt":""}"#.into(), 400, "empty"),
+        ("/v1/completions", json!({"model":"micro","prompt":"x".repeat(5000)}).to_string(), 413, "exceeds"),
         ("/v1/nothing", "{}".into(), 404, "no route"),
     ];
     for (path, body, status, needle) in cases {
@@ -234,10 +157,7 @@ async fn bad_input_gets_openai_errors_and_the_server_keeps_serving() {
         r#"{"model":"micro","prompt":"ok","max_tokens":2,"unknown_field":{"a":1}}"#,
     )
     .await;
-    assert_eq!(
-        s, 200,
-        "unknown fields are ignored and the server still serves"
-    );
+    assert_eq!(s, 200, "unknown fields are ignored and the server still serves");
 }
 
 #[tokio::test]
@@ -285,12 +205,8 @@ async fn models_health_tokenize_and_render() {
     let (_, r) = post_json(e.addr, "/v1/chat/completions/render", chat.clone()).await;
     let (_, t) = post_json(e.addr, "/tokenize", json!({"messages": chat["messages"]})).await;
     assert_eq!(r["token_ids"], t["tokens"], "render and tokenize agree");
-    let (_, c) = post_json(
-        e.addr,
-        "/v1/completions/render",
-        json!({"model": "micro", "prompt": ["a", "b c"]}),
-    )
-    .await;
+    let (_, c) =
+        post_json(e.addr, "/v1/completions/render", json!({"model": "micro", "prompt": ["a", "b c"]})).await;
     assert_eq!(c.as_array().expect("array").len(), 2);
     // The rendered prompt is exactly what generation counts.
     let (_, g) = post_json(
@@ -299,8 +215,5 @@ async fn models_health_tokenize_and_render() {
         json!({"model": "micro", "messages": chat["messages"], "max_tokens": 1}),
     )
     .await;
-    assert_eq!(
-        g["usage"]["prompt_tokens"],
-        r["token_ids"].as_array().expect("ids").len()
-    );
+    assert_eq!(g["usage"]["prompt_tokens"], r["token_ids"].as_array().expect("ids").len());
 }

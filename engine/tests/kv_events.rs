@@ -12,10 +12,7 @@ use warmpath_wire::prefix::block_hashes;
 use zeromq::{Socket, SocketRecv};
 
 async fn next_events(sub: &mut zeromq::SubSocket, wait: Duration) -> Option<(u64, Vec<KvEvent>)> {
-    let msg = tokio::time::timeout(wait, sub.recv())
-        .await
-        .ok()?
-        .expect("recv");
+    let msg = tokio::time::timeout(wait, sub.recv()).await.ok()?.expect("recv");
     let frames = msg.into_vec();
     assert_eq!(frames.len(), 3, "topic, seq, payload");
     let seq = u64::from_be_bytes(frames[1].as_ref().try_into().expect("8-byte seq"));
@@ -47,26 +44,15 @@ async fn subscriber_sees_stored_then_removed_blocks() {
         .await;
         assert_eq!(s, 200);
         if let Some((_, events)) = next_events(&mut sub, Duration::from_millis(200)).await {
-            stored = events
-                .into_iter()
-                .find(|ev| matches!(ev, KvEvent::BlockStored { .. }));
+            stored = events.into_iter().find(|ev| matches!(ev, KvEvent::BlockStored { .. }));
             if stored.is_some() {
                 break;
             }
         }
     }
     match stored.expect("a BlockStored event") {
-        KvEvent::BlockStored {
-            block_hashes,
-            parent_block_hash,
-            token_ids,
-            block_size,
-            ..
-        } => {
-            assert_eq!(
-                block_hashes, want,
-                "engine hashes = router-side hashes of the token ids"
-            );
+        KvEvent::BlockStored { block_hashes, parent_block_hash, token_ids, block_size, .. } => {
+            assert_eq!(block_hashes, want, "engine hashes = router-side hashes of the token ids");
             assert_eq!(parent_block_hash, None);
             assert_eq!(token_ids, prompt[..48].to_vec());
             assert_eq!(block_size, 16);
@@ -76,12 +62,9 @@ async fn subscriber_sees_stored_then_removed_blocks() {
     // Other prompts fill the 12-block cache and evict the first prompt's blocks.
     for base in [1000u32, 2000, 3000, 4000] {
         let p: Vec<u32> = (base..base + 60).collect();
-        let (s, _) = post_json(
-            e.addr,
-            "/v1/completions",
-            json!({"model": "micro", "prompt": p, "max_tokens": 1}),
-        )
-        .await;
+        let (s, _) =
+            post_json(e.addr, "/v1/completions", json!({"model": "micro", "prompt": p, "max_tokens": 1}))
+                .await;
         assert_eq!(s, 200);
     }
     let mut removed = Vec::new();
@@ -97,8 +80,5 @@ async fn subscriber_sees_stored_then_removed_blocks() {
             }
         }
     }
-    assert!(
-        want.iter().all(|h| removed.contains(h)),
-        "first prompt's blocks evicted: {removed:?}"
-    );
+    assert!(want.iter().all(|h| removed.contains(h)), "first prompt's blocks evicted: {removed:?}");
 }

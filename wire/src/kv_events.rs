@@ -52,9 +52,7 @@ pub enum KvEventError {
 }
 
 fn opt_str(s: &Option<String>) -> Value {
-    s.as_ref()
-        .map(|s| Value::from(s.as_str()))
-        .unwrap_or(Value::Nil)
+    s.as_ref().map(|s| Value::from(s.as_str())).unwrap_or(Value::Nil)
 }
 
 fn hashes(h: &[BlockHash]) -> Value {
@@ -83,14 +81,9 @@ impl KvEvent {
                     Value::Nil, // lora_name
                 ])
             }
-            KvEvent::BlockRemoved {
-                block_hashes,
-                medium,
-            } => Value::Array(vec![
-                Value::from("BlockRemoved"),
-                hashes(block_hashes),
-                opt_str(medium),
-            ]),
+            KvEvent::BlockRemoved { block_hashes, medium } => {
+                Value::Array(vec![Value::from("BlockRemoved"), hashes(block_hashes), opt_str(medium)])
+            }
             KvEvent::AllBlocksCleared => Value::Array(vec![Value::from("AllBlocksCleared")]),
         }
     }
@@ -98,22 +91,13 @@ impl KvEvent {
     fn from_value(v: &Value) -> Result<KvEvent, KvEventError> {
         // Map form: {"type": "BlockStored", "block_hashes": ..., ...} → array form.
         if let Value::Map(entries) = v {
-            let get = |k: &str| {
-                entries
-                    .iter()
-                    .find(|(key, _)| key.as_str() == Some(k))
-                    .map(|(_, v)| v.clone())
-            };
+            let get =
+                |k: &str| entries.iter().find(|(key, _)| key.as_str() == Some(k)).map(|(_, v)| v.clone());
             let tag = get("type").ok_or(KvEventError::Shape("event map without type"))?;
             let fields: &[&str] = match tag.as_str() {
-                Some("BlockStored") => &[
-                    "block_hashes",
-                    "parent_block_hash",
-                    "token_ids",
-                    "block_size",
-                    "lora_id",
-                    "medium",
-                ],
+                Some("BlockStored") => {
+                    &["block_hashes", "parent_block_hash", "token_ids", "block_size", "lora_id", "medium"]
+                }
                 Some("BlockRemoved") => &["block_hashes", "medium"],
                 _ => &[],
             };
@@ -121,9 +105,7 @@ impl KvEvent {
             arr.extend(fields.iter().map(|f| get(f).unwrap_or(Value::Nil)));
             return Self::from_value(&Value::Array(arr));
         }
-        let arr = v
-            .as_array()
-            .ok_or(KvEventError::Shape("event is not an array"))?;
+        let arr = v.as_array().ok_or(KvEventError::Shape("event is not an array"))?;
         let at = |i: usize| arr.get(i).unwrap_or(&Value::Nil);
         let hash_list = |v: &Value| -> Result<Vec<BlockHash>, KvEventError> {
             v.as_array()
@@ -145,20 +127,15 @@ impl KvEvent {
                     .as_array()
                     .ok_or(KvEventError::Shape("token_ids is not an array"))?
                     .iter()
-                    .map(|t| {
-                        t.as_u64()
-                            .map(|t| t as u32)
-                            .ok_or(KvEventError::Shape("token id"))
-                    })
+                    .map(|t| t.as_u64().map(|t| t as u32).ok_or(KvEventError::Shape("token id")))
                     .collect::<Result<_, _>>()?,
                 block_size: at(4).as_u64().ok_or(KvEventError::Shape("block_size"))? as u32,
                 lora_id: at(5).as_i64(),
                 medium: medium(at(6)),
             }),
-            Some("BlockRemoved") => Ok(KvEvent::BlockRemoved {
-                block_hashes: hash_list(at(1))?,
-                medium: medium(at(2)),
-            }),
+            Some("BlockRemoved") => {
+                Ok(KvEvent::BlockRemoved { block_hashes: hash_list(at(1))?, medium: medium(at(2)) })
+            }
             Some("AllBlocksCleared") => Ok(KvEvent::AllBlocksCleared),
             _ => Err(KvEventError::Shape("unknown event tag")),
         }
@@ -170,10 +147,7 @@ pub fn encode_batch(batch: &EventBatch) -> Vec<u8> {
     let v = Value::Array(vec![
         Value::F64(batch.ts),
         Value::Array(batch.events.iter().map(KvEvent::to_value).collect()),
-        batch
-            .data_parallel_rank
-            .map(Value::from)
-            .unwrap_or(Value::Nil),
+        batch.data_parallel_rank.map(Value::from).unwrap_or(Value::Nil),
     ]);
     let mut out = Vec::new();
     // Writing to a Vec cannot fail.
@@ -183,15 +157,9 @@ pub fn encode_batch(batch: &EventBatch) -> Vec<u8> {
 
 /// Decodes a msgpack payload frame.
 pub fn decode_batch(mut payload: &[u8]) -> Result<EventBatch, KvEventError> {
-    let v =
-        rmpv::decode::read_value(&mut payload).map_err(|e| KvEventError::Msgpack(e.to_string()))?;
-    let arr = v
-        .as_array()
-        .ok_or(KvEventError::Shape("batch is not an array"))?;
-    let ts = arr
-        .first()
-        .and_then(Value::as_f64)
-        .ok_or(KvEventError::Shape("batch ts"))?;
+    let v = rmpv::decode::read_value(&mut payload).map_err(|e| KvEventError::Msgpack(e.to_string()))?;
+    let arr = v.as_array().ok_or(KvEventError::Shape("batch is not an array"))?;
+    let ts = arr.first().and_then(Value::as_f64).ok_or(KvEventError::Shape("batch ts"))?;
     let events = arr
         .get(1)
         .and_then(Value::as_array)
@@ -199,11 +167,7 @@ pub fn decode_batch(mut payload: &[u8]) -> Result<EventBatch, KvEventError> {
         .iter()
         .map(KvEvent::from_value)
         .collect::<Result<_, _>>()?;
-    Ok(EventBatch {
-        ts,
-        events,
-        data_parallel_rank: arr.get(2).and_then(Value::as_i64),
-    })
+    Ok(EventBatch { ts, events, data_parallel_rank: arr.get(2).and_then(Value::as_i64) })
 }
 
 #[cfg(test)]
@@ -223,10 +187,7 @@ mod tests {
                     lora_id: None,
                     medium: Some("GPU".into()),
                 },
-                KvEvent::BlockRemoved {
-                    block_hashes: vec![7],
-                    medium: Some("GPU".into()),
-                },
+                KvEvent::BlockRemoved { block_hashes: vec![7], medium: Some("GPU".into()) },
                 KvEvent::AllBlocksCleared,
             ],
             data_parallel_rank: Some(0),
@@ -260,22 +221,13 @@ mod tests {
     fn map_form_is_accepted() {
         let ev = Value::Map(vec![
             (Value::from("type"), Value::from("BlockRemoved")),
-            (
-                Value::from("block_hashes"),
-                Value::Array(vec![Value::from(3u64)]),
-            ),
+            (Value::from("block_hashes"), Value::Array(vec![Value::from(3u64)])),
         ]);
         let batch = Value::Array(vec![Value::F64(0.0), Value::Array(vec![ev])]);
         let mut buf = Vec::new();
         rmpv::encode::write_value(&mut buf, &batch).expect("encode");
         let b = decode_batch(&buf).expect("decodes");
-        assert_eq!(
-            b.events,
-            vec![KvEvent::BlockRemoved {
-                block_hashes: vec![3],
-                medium: None
-            }]
-        );
+        assert_eq!(b.events, vec![KvEvent::BlockRemoved { block_hashes: vec![3], medium: None }]);
     }
 
     #[test]

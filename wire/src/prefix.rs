@@ -53,10 +53,7 @@ pub fn extend_block_hashes(
 ) {
     assert!(block_size > 0, "block_size must be positive");
     let full = tokens.len() / block_size;
-    let mut parent = hashes
-        .last()
-        .copied()
-        .unwrap_or_else(|| root_hash(cache_salt));
+    let mut parent = hashes.last().copied().unwrap_or_else(|| root_hash(cache_salt));
     for i in hashes.len()..full {
         parent = block_hash(parent, &tokens[i * block_size..(i + 1) * block_size], None);
         hashes.push(parent);
@@ -82,20 +79,14 @@ mod tests {
         let ha = block_hashes(&a, 16, None);
         let hb = block_hashes(&b, 16, None);
         assert_ne!(ha[0], hb[0]);
-        assert_ne!(
-            ha[1], hb[1],
-            "second block's key must depend on the first block"
-        );
+        assert_ne!(ha[1], hb[1], "second block's key must depend on the first block");
         assert_eq!(ha, block_hashes(&a, 16, None), "stable");
     }
 
     #[test]
     fn salt_separates_tenants() {
         let a: Vec<u32> = (0..16).collect();
-        assert_ne!(
-            block_hashes(&a, 16, Some("t1")),
-            block_hashes(&a, 16, Some("t2"))
-        );
+        assert_ne!(block_hashes(&a, 16, Some("t1")), block_hashes(&a, 16, Some("t2")));
         assert_ne!(block_hashes(&a, 16, Some("t1")), block_hashes(&a, 16, None));
     }
 

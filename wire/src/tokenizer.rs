@@ -25,16 +25,8 @@ pub const IM_START: &str = "<|im_start|>";
 /// Closes a chat turn; also ends generation of an assistant turn.
 pub const IM_END: &str = "<|im_end|>";
 
-const SPECIALS: [&str; 8] = [
-    BOS,
-    EOS,
-    IM_START,
-    IM_END,
-    "<|reserved_0|>",
-    "<|reserved_1|>",
-    "<|reserved_2|>",
-    "<|reserved_3|>",
-];
+const SPECIALS: [&str; 8] =
+    [BOS, EOS, IM_START, IM_END, "<|reserved_0|>", "<|reserved_1|>", "<|reserved_2|>", "<|reserved_3|>"];
 
 /// Errors of encoding or decoding.
 #[derive(Debug, thiserror::Error)]
@@ -54,9 +46,7 @@ pub struct Tokenizer {
 
 impl std::fmt::Debug for Tokenizer {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Tokenizer")
-            .field("name", &self.name())
-            .finish()
+        f.debug_struct("Tokenizer").field("name", &self.name()).finish()
     }
 }
 
@@ -64,17 +54,14 @@ impl Tokenizer {
     /// The process-wide `wp32k` tokenizer (built once, ~0.2 s).
     pub fn wp32k() -> Tokenizer {
         static CELL: OnceLock<Tokenizer> = OnceLock::new();
-        CELL.get_or_init(|| Self::build().expect("the embedded cl100k table always loads"))
-            .clone()
+        CELL.get_or_init(|| Self::build().expect("the embedded cl100k table always loads")).clone()
     }
 
     fn build() -> Result<Tokenizer, TokenizerError> {
         let full = tiktoken_rs::cl100k_base().map_err(|e| TokenizerError::Build(e.to_string()))?;
         let mut encoder = std::collections::HashMap::default();
         for rank in 0..BPE_RANKS {
-            let bytes = full
-                .decode_bytes(&[rank])
-                .map_err(|e| TokenizerError::Build(e.to_string()))?;
+            let bytes = full.decode_bytes(&[rank]).map_err(|e| TokenizerError::Build(e.to_string()))?;
             encoder.insert(bytes, rank);
         }
         // Guard the claim in the module doc: every single byte must stay encodable.
@@ -89,10 +76,7 @@ impl Tokenizer {
         }
         let bpe = CoreBPE::new(encoder, special, CL100K_PATTERN)
             .map_err(|e| TokenizerError::Build(e.to_string()))?;
-        Ok(Tokenizer {
-            bpe: Arc::new(bpe),
-            specials: Arc::new(SPECIALS.into_iter().collect()),
-        })
+        Ok(Tokenizer { bpe: Arc::new(bpe), specials: Arc::new(SPECIALS.into_iter().collect()) })
     }
 
     pub fn name(&self) -> &'static str {
@@ -111,18 +95,12 @@ impl Tokenizer {
     /// Encodes text in which special-token strings are the special tokens (rendered templates).
     pub fn encode_with_special(&self, text: &str) -> Vec<u32> {
         let allowed: HashSet<&str> = self.specials.iter().copied().collect();
-        self.bpe
-            .encode(text, &allowed)
-            .map(|(ids, _)| ids)
-            .unwrap_or_else(|_| self.encode(text))
+        self.bpe.encode(text, &allowed).map(|(ids, _)| ids).unwrap_or_else(|_| self.encode(text))
     }
 
     /// The id of a special token such as [`EOS`].
     pub fn special_id(&self, token: &str) -> Option<u32> {
-        SPECIALS
-            .iter()
-            .position(|s| *s == token)
-            .map(|i| BPE_RANKS + i as u32)
+        SPECIALS.iter().position(|s| *s == token).map(|i| BPE_RANKS + i as u32)
     }
 
     pub fn is_special(&self, id: u32) -> bool {
@@ -134,9 +112,7 @@ impl Tokenizer {
         if let Some(bad) = ids.iter().find(|&&id| id as usize >= VOCAB_SIZE) {
             return Err(TokenizerError::UnknownId(*bad));
         }
-        self.bpe
-            .decode_bytes(ids as &[Rank])
-            .map_err(|e| TokenizerError::UnknownId(e.token))
+        self.bpe.decode_bytes(ids as &[Rank]).map_err(|e| TokenizerError::UnknownId(e.token))
     }
 
     /// Text of `ids`; invalid UTF-8 (a multi-byte character cut between ids) becomes U+FFFD.

@@ -32,8 +32,7 @@ impl KvCache {
 
     /// Offset of position `pos` through `table`.
     fn slot(&self, table: &[BlockId], pos: usize) -> usize {
-        (table[pos / self.block_size] as usize * self.block_size + pos % self.block_size)
-            * self.kv_dim
+        (table[pos / self.block_size] as usize * self.block_size + pos % self.block_size) * self.kv_dim
     }
 }
 
@@ -65,8 +64,7 @@ impl LlamaExecutor {
         for (tokens, ..) in batch {
             for &tok in *tokens {
                 let tok = (tok as usize).min(c.vocab_size - 1);
-                x[row * dim..(row + 1) * dim]
-                    .copy_from_slice(&self.w.embed[tok * dim..(tok + 1) * dim]);
+                x[row * dim..(row + 1) * dim].copy_from_slice(&self.w.embed[tok * dim..(tok + 1) * dim]);
                 row += 1;
             }
         }
@@ -87,18 +85,8 @@ impl LlamaExecutor {
             for (tokens, start, table, _) in batch {
                 for i in 0..tokens.len() {
                     let pos = start + i;
-                    rope(
-                        &mut q[(r + i) * dim..(r + i + 1) * dim],
-                        pos,
-                        hs,
-                        c.rope_theta,
-                    );
-                    rope(
-                        &mut k[(r + i) * kv_dim..(r + i + 1) * kv_dim],
-                        pos,
-                        hs,
-                        c.rope_theta,
-                    );
+                    rope(&mut q[(r + i) * dim..(r + i + 1) * dim], pos, hs, c.rope_theta);
+                    rope(&mut k[(r + i) * kv_dim..(r + i + 1) * kv_dim], pos, hs, c.rope_theta);
                     let s = self.cache.slot(table, pos);
                     self.cache.k[l][s..s + kv_dim]
                         .copy_from_slice(&k[(r + i) * kv_dim..(r + i + 1) * kv_dim]);
@@ -109,14 +97,7 @@ impl LlamaExecutor {
             }
             let mut r = 0;
             for (tokens, start, table, _) in batch {
-                self.attention(
-                    l,
-                    &q[r * dim..],
-                    &mut att[r * dim..],
-                    tokens.len(),
-                    *start,
-                    table,
-                );
+                self.attention(l, &q[r * dim..], &mut att[r * dim..], tokens.len(), *start, table);
                 r += tokens.len();
             }
             // x += att · Woᵀ
@@ -124,16 +105,8 @@ impl LlamaExecutor {
                 t,
                 dim,
                 dim,
-                View {
-                    data: &att,
-                    rs: dim,
-                    cs: 1,
-                },
-                View {
-                    data: &lw.wo,
-                    rs: 1,
-                    cs: dim,
-                },
+                View { data: &att, rs: dim, cs: 1 },
+                View { data: &lw.wo, rs: 1, cs: dim },
                 &mut x,
                 dim,
                 1.0,
@@ -146,16 +119,8 @@ impl LlamaExecutor {
                 t,
                 hidden,
                 dim,
-                View {
-                    data: &h1,
-                    rs: hidden,
-                    cs: 1,
-                },
-                View {
-                    data: &lw.w2,
-                    rs: 1,
-                    cs: hidden,
-                },
+                View { data: &h1, rs: hidden, cs: 1 },
+                View { data: &lw.w2, rs: 1, cs: hidden },
                 &mut x,
                 dim,
                 1.0,
@@ -188,15 +153,7 @@ impl LlamaExecutor {
 
     /// Causal attention of `n` new query rows (at positions `start..start+n`) over positions
     /// `0..start+n` of one sequence, read through its block table.
-    fn attention(
-        &self,
-        layer: usize,
-        q: &[f32],
-        out: &mut [f32],
-        n: usize,
-        start: usize,
-        table: &[BlockId],
-    ) {
+    fn attention(&self, layer: usize, q: &[f32], out: &mut [f32], n: usize, start: usize, table: &[BlockId]) {
         let c = &self.w.cfg;
         let (dim, kv_dim, hs) = (c.dim, c.kv_dim(), c.head_size());
         let ctx = start + n;
@@ -221,16 +178,8 @@ impl LlamaExecutor {
                 n,
                 hs,
                 ctx,
-                View {
-                    data: &q[h * hs..],
-                    rs: dim,
-                    cs: 1,
-                },
-                View {
-                    data: &kc[kvh * hs..],
-                    rs: 1,
-                    cs: kv_dim,
-                },
+                View { data: &q[h * hs..], rs: dim, cs: 1 },
+                View { data: &kc[kvh * hs..], rs: 1, cs: kv_dim },
                 &mut scores,
                 ctx,
                 0.0,
@@ -247,16 +196,8 @@ impl LlamaExecutor {
                 n,
                 ctx,
                 hs,
-                View {
-                    data: &scores,
-                    rs: ctx,
-                    cs: 1,
-                },
-                View {
-                    data: &vc[kvh * hs..],
-                    rs: kv_dim,
-                    cs: 1,
-                },
+                View { data: &scores, rs: ctx, cs: 1 },
+                View { data: &vc[kvh * hs..], rs: kv_dim, cs: 1 },
                 &mut out[h * hs..],
                 dim,
                 0.0,
@@ -271,10 +212,8 @@ impl Executor for LlamaExecutor {
     }
 
     fn execute(&mut self, batch: &mut [SeqStep<'_>]) -> Vec<Option<u32>> {
-        let inputs: Vec<(&[u32], usize, &[BlockId], bool)> = batch
-            .iter()
-            .map(|s| (s.tokens, s.start_pos, s.block_table, s.sampler.is_some()))
-            .collect();
+        let inputs: Vec<(&[u32], usize, &[BlockId], bool)> =
+            batch.iter().map(|s| (s.tokens, s.start_pos, s.block_table, s.sampler.is_some())).collect();
         let mut logits = self.forward(&inputs);
         let vocab = self.w.cfg.vocab_size;
         let mut rows = logits.chunks_exact_mut(vocab);
@@ -307,9 +246,7 @@ mod tests {
                 let mut xb = vec![0.0; dim];
                 rmsnorm(&mut xb, &x, &lw.rms_att, dim, c.norm_eps);
                 let mv = |m: &[f32], v: &[f32], n: usize| -> Vec<f32> {
-                    (0..n)
-                        .map(|i| (0..v.len()).map(|j| m[i * v.len() + j] * v[j]).sum())
-                        .collect()
+                    (0..n).map(|i| (0..v.len()).map(|j| m[i * v.len() + j] * v[j]).sum()).collect()
                 };
                 let mut q = mv(&lw.wq, &xb, dim);
                 let mut k = mv(&lw.wk, &xb, kv_dim);
@@ -323,16 +260,13 @@ mod tests {
                     let kvh = h / (c.n_heads / c.n_kv_heads);
                     let mut s: Vec<f32> = (0..=pos)
                         .map(|p| {
-                            (0..hs)
-                                .map(|i| q[h * hs + i] * kcache[l][p][kvh * hs + i])
-                                .sum::<f32>()
+                            (0..hs).map(|i| q[h * hs + i] * kcache[l][p][kvh * hs + i]).sum::<f32>()
                                 / (hs as f32).sqrt()
                         })
                         .collect();
                     softmax(&mut s);
                     for i in 0..hs {
-                        att[h * hs + i] =
-                            (0..=pos).map(|p| s[p] * vcache[l][p][kvh * hs + i]).sum();
+                        att[h * hs + i] = (0..=pos).map(|p| s[p] * vcache[l][p][kvh * hs + i]).sum();
                     }
                 }
                 let o = mv(&lw.wo, &att, dim);
@@ -349,9 +283,7 @@ mod tests {
         let mut xf = vec![0.0; dim];
         rmsnorm(&mut xf, &last, &w.rms_final, dim, c.norm_eps);
         let cls = w.classifier();
-        (0..c.vocab_size)
-            .map(|i| (0..dim).map(|j| cls[i * dim + j] * xf[j]).sum())
-            .collect()
+        (0..c.vocab_size).map(|i| (0..dim).map(|j| cls[i * dim + j] * xf[j]).sum()).collect()
     }
 
     fn small() -> Weights {
@@ -363,10 +295,7 @@ mod tests {
     fn assert_close(a: &[f32], b: &[f32]) {
         assert_eq!(a.len(), b.len());
         for (i, (x, y)) in a.iter().zip(b).enumerate() {
-            assert!(
-                (x - y).abs() <= 1e-3 * (1.0 + y.abs()),
-                "logit {i}: {x} vs {y}"
-            );
+            assert!((x - y).abs() <= 1e-3 * (1.0 + y.abs()), "logit {i}: {x} vs {y}");
         }
     }
 
@@ -381,15 +310,9 @@ mod tests {
         let table: Vec<BlockId> = vec![9, 2, 14, 0, 7, 11, 3, 5, 12, 1];
         let other_table: Vec<BlockId> = vec![4, 6];
         let other: Vec<u32> = vec![5, 6, 7, 8, 9];
-        ex.forward(&[
-            (&tokens[..10], 0, &table, false),
-            (&other, 0, &other_table, true),
-        ]);
+        ex.forward(&[(&tokens[..10], 0, &table, false), (&other, 0, &other_table, true)]);
         ex.forward(&[(&tokens[10..25], 10, &table, false)]);
-        let got = ex.forward(&[
-            (&other[..0], 5, &other_table, false),
-            (&tokens[25..], 25, &table, true),
-        ]);
+        let got = ex.forward(&[(&other[..0], 5, &other_table, false), (&tokens[25..], 25, &table, true)]);
         assert_close(&got, &want);
     }
 

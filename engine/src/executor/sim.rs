@@ -36,11 +36,7 @@ impl SimExecutor {
     /// `vocab` bounds the ordinary ids it emits (it never emits special tokens, so a sim request
     /// runs to `max_tokens`).
     pub fn new(timing: SimTiming, vocab: u32, seed: u64) -> SimExecutor {
-        SimExecutor {
-            timing,
-            vocab,
-            rng: Rng::new(seed),
-        }
+        SimExecutor { timing, vocab, rng: Rng::new(seed) }
     }
 
     /// How long a step with `prefill_tokens` to prefill and `decodes` sequences decoding takes.
@@ -48,8 +44,8 @@ impl SimExecutor {
         let t = self.timing.clone();
         let mut secs = 0.0;
         if prefill_tokens > 0 {
-            let p = t.prefill_overhead.as_secs_f64()
-                + prefill_tokens as f64 * t.prefill_per_token.as_secs_f64();
+            let p =
+                t.prefill_overhead.as_secs_f64() + prefill_tokens as f64 * t.prefill_per_token.as_secs_f64();
             secs += p * self.jitter();
         }
         if decodes > 0 {
@@ -70,10 +66,8 @@ impl Executor for SimExecutor {
     }
 
     fn execute(&mut self, batch: &mut [SeqStep<'_>]) -> Vec<Option<u32>> {
-        let decodes = batch
-            .iter()
-            .filter(|s| s.tokens.len() == 1 && s.start_pos > 0 && s.sampler.is_some())
-            .count();
+        let decodes =
+            batch.iter().filter(|s| s.tokens.len() == 1 && s.start_pos > 0 && s.sampler.is_some()).count();
         let prefill: usize = batch.iter().map(|s| s.tokens.len()).sum::<usize>() - decodes;
         std::thread::sleep(self.step_time(prefill, decodes));
         let vocab = self.vocab;
@@ -115,11 +109,7 @@ mod tests {
         let mut s = SimExecutor::new(timing(), 100, 1);
         assert_eq!(s.step_time(0, 0), Duration::ZERO);
         assert_eq!(s.step_time(1000, 0), Duration::from_millis(110));
-        assert_eq!(
-            s.step_time(0, 10),
-            Duration::from_millis(10),
-            "full load doubles ITL"
-        );
+        assert_eq!(s.step_time(0, 10), Duration::from_millis(10), "full load doubles ITL");
     }
 
     #[test]

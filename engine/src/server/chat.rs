@@ -7,8 +7,8 @@ use axum::extract::State;
 use axum::response::{IntoResponse, Response};
 use warmpath_wire::chat_template::render_tokens;
 use warmpath_wire::openai::{
-    parse_body, unix_now, ApiError, AssistantMessage, ChatChoice, ChatCompletion,
-    ChatCompletionChunk, ChatCompletionRequest, ChunkChoice, Delta, FinishReason, Role, Usage,
+    parse_body, unix_now, ApiError, AssistantMessage, ChatChoice, ChatCompletion, ChatCompletionChunk,
+    ChatCompletionRequest, ChunkChoice, Delta, FinishReason, Role, Usage,
 };
 
 use super::generate::{self, ChunkFormat, SamplingFields};
@@ -54,10 +54,7 @@ async fn run(state: Arc<AppState>, body: Body) -> Result<Response, ApiError> {
     let choices = fields.choices(&state, vec![prompt])?;
     let running = generate::submit(&state, choices, req.cache_salt.clone())?;
     let fmt = ChatFormat {
-        id: format!(
-            "chatcmpl-{:016x}",
-            crate::sampler::Rng::new(unix_now() ^ running.first_id()).next_u64()
-        ),
+        id: format!("chatcmpl-{:016x}", crate::sampler::Rng::new(unix_now() ^ running.first_id()).next_u64()),
         model: req.model.clone(),
         created: unix_now(),
         include_usage: req.stream_options.as_ref().is_some_and(|o| o.include_usage),
@@ -77,11 +74,7 @@ async fn run(state: Arc<AppState>, body: Body) -> Result<Response, ApiError> {
             .into_iter()
             .map(|r| ChatChoice {
                 index: r.index,
-                message: AssistantMessage {
-                    role: Role::Assistant,
-                    content: Some(r.text),
-                    tool_calls: None,
-                },
+                message: AssistantMessage { role: Role::Assistant, content: Some(r.text), tool_calls: None },
                 logprobs: None,
                 finish_reason: Some(r.finish),
             })
@@ -89,11 +82,7 @@ async fn run(state: Arc<AppState>, body: Body) -> Result<Response, ApiError> {
         usage,
     };
     let json = serde_json::to_string(&resp).map_err(|e| ApiError::internal(e.to_string()))?;
-    Ok(json_response(if faults.malformed {
-        json[..json.len() / 2].to_owned()
-    } else {
-        json
-    }))
+    Ok(json_response(if faults.malformed { json[..json.len() / 2].to_owned() } else { json }))
 }
 
 struct ChatFormat {
@@ -112,49 +101,23 @@ impl ChatFormat {
             model: self.model.clone(),
             system_fingerprint: None,
             choices,
-            usage: if self.include_usage {
-                Some(usage)
-            } else {
-                None
-            },
+            usage: if self.include_usage { Some(usage) } else { None },
         };
         serde_json::to_string(&c).unwrap_or_default()
     }
 
     fn one(&self, index: u32, delta: Delta, finish: Option<FinishReason>) -> String {
-        self.chunk(
-            vec![ChunkChoice {
-                index,
-                delta,
-                logprobs: None,
-                finish_reason: finish,
-            }],
-            None,
-        )
+        self.chunk(vec![ChunkChoice { index, delta, logprobs: None, finish_reason: finish }], None)
     }
 }
 
 impl ChunkFormat for ChatFormat {
     fn opening(&self, index: u32) -> Option<String> {
-        Some(self.one(
-            index,
-            Delta {
-                role: Some(Role::Assistant),
-                content: Some(String::new()),
-            },
-            None,
-        ))
+        Some(self.one(index, Delta { role: Some(Role::Assistant), content: Some(String::new()) }, None))
     }
 
     fn delta(&self, index: u32, text: &str) -> String {
-        self.one(
-            index,
-            Delta {
-                role: None,
-                content: Some(text.to_owned()),
-            },
-            None,
-        )
+        self.one(index, Delta { role: None, content: Some(text.to_owned()) }, None)
     }
 
     fn finish(&self, index: u32, reason: FinishReason) -> String {

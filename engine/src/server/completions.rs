@@ -6,8 +6,8 @@ use axum::body::Body;
 use axum::extract::State;
 use axum::response::{IntoResponse, Response};
 use warmpath_wire::openai::{
-    parse_body, unix_now, ApiError, Completion, CompletionChoice, CompletionRequest, FinishReason,
-    Prompt, Usage,
+    parse_body, unix_now, ApiError, Completion, CompletionChoice, CompletionRequest, FinishReason, Prompt,
+    Usage,
 };
 
 use super::generate::{self, ChunkFormat, SamplingFields};
@@ -62,10 +62,7 @@ async fn run(state: Arc<AppState>, body: Body) -> Result<Response, ApiError> {
     let choices = fields.choices(&state, prompts)?;
     let running = generate::submit(&state, choices, req.cache_salt.clone())?;
     let fmt = CompletionFormat {
-        id: format!(
-            "cmpl-{:016x}",
-            crate::sampler::Rng::new(unix_now() ^ running.first_id()).next_u64()
-        ),
+        id: format!("cmpl-{:016x}", crate::sampler::Rng::new(unix_now() ^ running.first_id()).next_u64()),
         model: req.model.clone(),
         created: unix_now(),
         include_usage: req.stream_options.as_ref().is_some_and(|o| o.include_usage),
@@ -93,11 +90,7 @@ async fn run(state: Arc<AppState>, body: Body) -> Result<Response, ApiError> {
         usage: Some(Some(usage)),
     };
     let json = serde_json::to_string(&resp).map_err(|e| ApiError::internal(e.to_string()))?;
-    Ok(json_response(if faults.malformed {
-        json[..json.len() / 2].to_owned()
-    } else {
-        json
-    }))
+    Ok(json_response(if faults.malformed { json[..json.len() / 2].to_owned() } else { json }))
 }
 
 struct CompletionFormat {
@@ -116,11 +109,7 @@ impl CompletionFormat {
             model: self.model.clone(),
             system_fingerprint: None,
             choices,
-            usage: if self.include_usage {
-                Some(usage)
-            } else {
-                None
-            },
+            usage: if self.include_usage { Some(usage) } else { None },
         };
         serde_json::to_string(&c).unwrap_or_default()
     }
@@ -133,12 +122,7 @@ impl ChunkFormat for CompletionFormat {
 
     fn delta(&self, index: u32, text: &str) -> String {
         self.chunk(
-            vec![CompletionChoice {
-                index,
-                text: text.to_owned(),
-                logprobs: None,
-                finish_reason: None,
-            }],
+            vec![CompletionChoice { index, text: text.to_owned(), logprobs: None, finish_reason: None }],
             None,
         )
     }

@@ -63,24 +63,17 @@ pub struct SamplingFields<'a> {
 
 impl SamplingFields<'_> {
     /// Validates the fields and expands them into `n` choices per prompt.
-    pub fn choices(
-        self,
-        state: &AppState,
-        prompts: Vec<Vec<u32>>,
-    ) -> Result<Vec<ChoiceSpec>, ApiError> {
+    pub fn choices(self, state: &AppState, prompts: Vec<Vec<u32>>) -> Result<Vec<ChoiceSpec>, ApiError> {
         let n = self.n.unwrap_or(1);
         if !(1..=128).contains(&n) {
             return Err(
-                ApiError::invalid_request(format!("n must be between 1 and 128, got {n}"))
-                    .with_param("n"),
+                ApiError::invalid_request(format!("n must be between 1 and 128, got {n}")).with_param("n")
             );
         }
         if let Some(m) = self.max_tokens {
             if m <= 0 {
-                return Err(ApiError::invalid_request(format!(
-                    "max_tokens must be at least 1, got {m}"
-                ))
-                .with_param("max_tokens"));
+                return Err(ApiError::invalid_request(format!("max_tokens must be at least 1, got {m}"))
+                    .with_param("max_tokens"));
             }
         }
         let temperature = self.temperature.unwrap_or(1.0);
@@ -92,10 +85,8 @@ impl SamplingFields<'_> {
         }
         let top_p = self.top_p.unwrap_or(1.0);
         if !(top_p > 0.0 && top_p <= 1.0) {
-            return Err(ApiError::invalid_request(format!(
-                "top_p must be within (0, 1], got {top_p}"
-            ))
-            .with_param("top_p"));
+            return Err(ApiError::invalid_request(format!("top_p must be within (0, 1], got {top_p}"))
+                .with_param("top_p"));
         }
         let stops = self.stop.map(|s| s.into_vec()).unwrap_or_default();
         if stops.len() > 16 {
@@ -103,12 +94,7 @@ impl SamplingFields<'_> {
         }
         let tok = &state.tokenizer;
         let mut stop_token_ids: Vec<u32> = Vec::new();
-        if !self
-            .extra
-            .get("ignore_eos")
-            .and_then(|v| v.as_bool())
-            .unwrap_or(false)
-        {
+        if !self.extra.get("ignore_eos").and_then(|v| v.as_bool()).unwrap_or(false) {
             use warmpath_wire::tokenizer::{EOS, IM_END};
             stop_token_ids.extend([EOS, IM_END].iter().filter_map(|s| tok.special_id(s)));
         }
@@ -170,15 +156,10 @@ pub fn submit(
             prompt_tokens.resize(c.prompt_index + 1, 0);
         }
         prompt_tokens[c.prompt_index] = c.prompt.len();
-        let s = state
-            .engine
-            .generate(c.prompt, c.params, cache_salt.clone())?;
+        let s = state.engine.generate(c.prompt, c.params, cache_salt.clone())?;
         streams.push((c.index, c.prompt_index, s, TextState::new(c.stops)));
     }
-    Ok(Running {
-        streams,
-        prompt_tokens,
-    })
+    Ok(Running { streams, prompt_tokens })
 }
 
 /// Tallies usage across choices.
@@ -191,11 +172,7 @@ struct UsageTally {
 impl UsageTally {
     fn new(prompt_tokens: Vec<usize>) -> UsageTally {
         let n = prompt_tokens.len();
-        UsageTally {
-            prompt_tokens,
-            cached: vec![None; n],
-            completion: 0,
-        }
+        UsageTally { prompt_tokens, cached: vec![None; n], completion: 0 }
     }
 
     fn record(&mut self, prompt_index: usize, out: &RequestOutput) {
@@ -239,11 +216,7 @@ pub async fn collect(state: &AppState, running: Running) -> (Vec<ChoiceResult>, 
             }
         }
         out_text.push_str(&text.finish());
-        results.push(ChoiceResult {
-            index,
-            text: out_text,
-            finish,
-        });
+        results.push(ChoiceResult { index, text: out_text, finish });
     }
     (results, tally.usage())
 }
@@ -270,14 +243,7 @@ pub fn stream(
         }
     });
     let body = Body::from_stream(tokio_stream_from(rx));
-    (
-        [
-            (header::CONTENT_TYPE, "text/event-stream"),
-            (header::CACHE_CONTROL, "no-cache"),
-        ],
-        body,
-    )
-        .into_response()
+    ([(header::CONTENT_TYPE, "text/event-stream"), (header::CACHE_CONTROL, "no-cache")], body).into_response()
 }
 
 fn tokio_stream_from(rx: mpsc::Receiver<Frame>) -> impl futures_util::Stream<Item = Frame> {
@@ -306,9 +272,7 @@ async fn pump(
             }
         }
         merged.push(Box::pin(stream::unfold(s, move |mut s| async move {
-            s.next()
-                .await
-                .map(|o| ((index, prompt_index, o) as Tagged, s))
+            s.next().await.map(|o| ((index, prompt_index, o) as Tagged, s))
         })));
     }
     let mut sent_tokens = 0usize;
@@ -324,18 +288,10 @@ async fn pump(
         let piece = text.push(tok, out.token);
         let finish = finish_of(&out, text);
         let mut frames = Vec::new();
-        let piece = if finish.is_some() {
-            piece + &text.finish()
-        } else {
-            piece
-        };
+        let piece = if finish.is_some() { piece + &text.finish() } else { piece };
         if !piece.is_empty() {
             let json = fmt.delta(index, &piece);
-            frames.push(if faults.malformed {
-                sse(&json[..json.len() / 2])
-            } else {
-                sse(&json)
-            });
+            frames.push(if faults.malformed { sse(&json[..json.len() / 2]) } else { sse(&json) });
             sent_tokens += 1;
         }
         if let Some(f) = finish {
@@ -354,11 +310,7 @@ async fn pump(
                 tokio::time::sleep(std::time::Duration::from_millis(5)).await;
             }
             tokio::time::sleep(std::time::Duration::from_millis(20)).await;
-            let _ = tx
-                .send(Err(std::io::Error::other(
-                    "fault injection: died mid-stream",
-                )))
-                .await;
+            let _ = tx.send(Err(std::io::Error::other("fault injection: died mid-stream"))).await;
             return;
         }
         if done.len() == texts.len() {

@@ -58,9 +58,7 @@ pub async fn serve(
     state: Arc<AppState>,
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
-    axum::serve(listener, router(state))
-        .with_graceful_shutdown(shutdown)
-        .await
+    axum::serve(listener, router(state)).with_graceful_shutdown(shutdown).await
 }
 
 /// Binds `addr` (port 0 picks one).
@@ -73,14 +71,8 @@ pub struct ErrorReply(pub ApiError);
 
 impl IntoResponse for ErrorReply {
     fn into_response(self) -> Response {
-        let status =
-            StatusCode::from_u16(self.0.status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
-        (
-            status,
-            [(header::CONTENT_TYPE, "application/json")],
-            self.0.to_json(),
-        )
-            .into_response()
+        let status = StatusCode::from_u16(self.0.status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+        (status, [(header::CONTENT_TYPE, "application/json")], self.0.to_json()).into_response()
     }
 }
 
@@ -92,17 +84,15 @@ impl From<ApiError> for ErrorReply {
 
 /// Reads a whole body up to the configured limit (413 beyond it).
 pub async fn read_body(state: &AppState, body: Body) -> Result<bytes::Bytes, ApiError> {
-    axum::body::to_bytes(body, state.max_body_bytes)
-        .await
-        .map_err(|e| {
-            let too_large = std::error::Error::source(&e)
-                .is_some_and(|s| s.is::<http_body_util::LengthLimitError>());
-            if too_large {
-                ApiError::too_large(state.max_body_bytes)
-            } else {
-                ApiError::invalid_request(format!("reading the request body failed: {e}"))
-            }
-        })
+    axum::body::to_bytes(body, state.max_body_bytes).await.map_err(|e| {
+        let too_large =
+            std::error::Error::source(&e).is_some_and(|s| s.is::<http_body_util::LengthLimitError>());
+        if too_large {
+            ApiError::too_large(state.max_body_bytes)
+        } else {
+            ApiError::invalid_request(format!("reading the request body failed: {e}"))
+        }
+    })
 }
 
 /// 404 unless `model` is the served model.
@@ -138,11 +128,7 @@ async fn health() -> StatusCode {
 }
 
 async fn metrics(State(state): State<Arc<AppState>>) -> Response {
-    (
-        [(header::CONTENT_TYPE, "text/plain; version=0.0.4")],
-        state.engine.metrics.render(),
-    )
-        .into_response()
+    ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], state.engine.metrics.render()).into_response()
 }
 
 async fn reset_prefix_cache(State(state): State<Arc<AppState>>) -> StatusCode {

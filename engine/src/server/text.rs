@@ -18,13 +18,7 @@ impl TextState {
     pub fn new(stops: Vec<String>) -> TextState {
         let stops: Vec<String> = stops.into_iter().filter(|s| !s.is_empty()).collect();
         let max_stop = stops.iter().map(|s| s.len()).max().unwrap_or(0);
-        TextState {
-            decoder: StreamDecoder::new(),
-            stops,
-            held: String::new(),
-            max_stop,
-            stopped: false,
-        }
+        TextState { decoder: StreamDecoder::new(), stops, held: String::new(), max_stop, stopped: false }
     }
 
     /// True once a stop string was seen: the choice is over.
@@ -39,12 +33,7 @@ impl TextState {
         }
         let piece = self.decoder.push(tok, id).unwrap_or_default();
         self.held.push_str(&piece);
-        if let Some(at) = self
-            .stops
-            .iter()
-            .filter_map(|s| self.held.find(s.as_str()))
-            .min()
-        {
+        if let Some(at) = self.stops.iter().filter_map(|s| self.held.find(s.as_str())).min() {
             self.stopped = true;
             let out = self.held[..at].to_owned();
             self.held.clear();
@@ -89,24 +78,16 @@ mod tests {
 
     #[test]
     fn stop_strings_cut_the_text() {
-        assert_eq!(
-            run("hello world. The end", &["."]),
-            ("hello world".into(), true)
-        );
+        assert_eq!(run("hello world. The end", &["."]), ("hello world".into(), true));
         assert_eq!(run("abc STOP def", &["STOP", "zzz"]), ("abc ".into(), true));
-        assert_eq!(
-            run("no stops here", &["xyz"]),
-            ("no stops here".into(), false)
-        );
+        assert_eq!(run("no stops here", &["xyz"]), ("no stops here".into(), false));
     }
 
     #[test]
     fn special_tokens_are_not_text() {
         let tok = Tokenizer::wp32k();
         let mut st = TextState::new(vec![]);
-        let eos = tok
-            .special_id(warmpath_wire::tokenizer::EOS)
-            .expect("special");
+        let eos = tok.special_id(warmpath_wire::tokenizer::EOS).expect("special");
         assert_eq!(st.push(&tok, eos), "");
     }
 }

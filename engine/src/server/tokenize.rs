@@ -51,11 +51,7 @@ pub async fn tokenize(State(state): State<Arc<AppState>>, body: Body) -> Respons
                     req.tools.as_deref().unwrap_or_default(),
                     req.add_generation_prompt,
                 ),
-                _ => {
-                    return Err(ApiError::invalid_request(
-                        "give exactly one of prompt or messages",
-                    ))
-                }
+                _ => return Err(ApiError::invalid_request("give exactly one of prompt or messages")),
             };
             Ok(serde_json::json!({
                 "count": tokens.len(),
@@ -111,10 +107,7 @@ pub async fn render_completion(State(state): State<Arc<AppState>>, body: Body) -
             let req: CompletionRequest = parse_body(&read_body(&state, body).await?)?;
             let prompts = completions::prompts_of(&state, &req)?;
             Ok(serde_json::Value::Array(
-                prompts
-                    .into_iter()
-                    .map(|ids| serde_json::json!({ "token_ids": ids }))
-                    .collect(),
+                prompts.into_iter().map(|ids| serde_json::json!({ "token_ids": ids })).collect(),
             ))
         }
         .await,

@@ -112,11 +112,9 @@ impl MessageContent {
     pub fn text(&self) -> String {
         match self {
             MessageContent::Text(s) => s.clone(),
-            MessageContent::Parts(parts) => parts
-                .iter()
-                .filter_map(|p| p.text.as_deref())
-                .collect::<Vec<_>>()
-                .concat(),
+            MessageContent::Parts(parts) => {
+                parts.iter().filter_map(|p| p.text.as_deref()).collect::<Vec<_>>().concat()
+            }
         }
     }
 }
@@ -263,8 +261,6 @@ mod tests {
         };
         assert!(!serde_json::to_string(&c).expect("json").contains("usage"));
         c.usage = Some(None);
-        assert!(serde_json::to_string(&c)
-            .expect("json")
-            .contains(r#""usage":null"#));
+        assert!(serde_json::to_string(&c).expect("json").contains(r#""usage":null"#));
     }
 }

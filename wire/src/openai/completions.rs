@@ -73,15 +73,9 @@ mod tests {
     fn prompt_forms() {
         let p = |s: &str| serde_json::from_str::<Prompt>(s).expect("parses");
         assert_eq!(p(r#""hi""#), Prompt::Text("hi".into()));
-        assert_eq!(
-            p(r#"["a","b"]"#),
-            Prompt::Texts(vec!["a".into(), "b".into()])
-        );
+        assert_eq!(p(r#"["a","b"]"#), Prompt::Texts(vec!["a".into(), "b".into()]));
         assert_eq!(p("[1,2,3]"), Prompt::Tokens(vec![1, 2, 3]));
-        assert_eq!(
-            p("[[1],[2,3]]"),
-            Prompt::TokenLists(vec![vec![1], vec![2, 3]])
-        );
+        assert_eq!(p("[[1],[2,3]]"), Prompt::TokenLists(vec![vec![1], vec![2, 3]]));
         assert!(serde_json::from_str::<Prompt>("[-1]").is_err());
     }
 }

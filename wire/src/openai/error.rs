@@ -47,13 +47,9 @@ impl ApiError {
 
     /// 404 `model_not_found`.
     pub fn model_not_found(model: &str) -> ApiError {
-        Self::new(
-            404,
-            "invalid_request_error",
-            format!("The model `{model}` does not exist."),
-        )
-        .with_param("model")
-        .with_code("model_not_found")
+        Self::new(404, "invalid_request_error", format!("The model `{model}` does not exist."))
+            .with_param("model")
+            .with_code("model_not_found")
     }
 
     /// 404 for an unknown route.
@@ -63,11 +59,7 @@ impl ApiError {
 
     /// 413: the body is over the size limit.
     pub fn too_large(limit: usize) -> ApiError {
-        Self::new(
-            413,
-            "invalid_request_error",
-            format!("request body exceeds {limit} bytes"),
-        )
+        Self::new(413, "invalid_request_error", format!("request body exceeds {limit} bytes"))
     }
 
     /// 503: the server cannot take the request now; a retry elsewhere is safe.
@@ -114,11 +106,7 @@ impl std::error::Error for ApiError {}
 /// Parses a JSON request body, turning serde's message into a 400 in the OpenAI shape.
 pub fn parse_body<T: serde::de::DeserializeOwned>(body: &[u8]) -> Result<T, ApiError> {
     serde_json::from_slice(body).map_err(|e| {
-        let what = if e.is_syntax() || e.is_eof() {
-            "invalid JSON"
-        } else {
-            "invalid request"
-        };
+        let what = if e.is_syntax() || e.is_eof() { "invalid JSON" } else { "invalid request" };
         ApiError::invalid_request(format!("{what}: {e}"))
     })
 }
@@ -135,10 +123,7 @@ mod tests {
         assert_eq!(v["error"]["type"], "invalid_request_error");
         assert_eq!(v["error"]["code"], "model_not_found");
         assert_eq!(v["error"]["param"], "model");
-        assert!(v["error"]["message"]
-            .as_str()
-            .expect("str")
-            .contains("gpt-x"));
+        assert!(v["error"]["message"].as_str().expect("str").contains("gpt-x"));
     }
 
     #[test]
@@ -147,10 +132,6 @@ mod tests {
         assert_eq!(e.status, 400);
         assert!(e.message().starts_with("invalid JSON"));
         let e = parse_body::<crate::openai::ChatCompletionRequest>(br#"{"model": 3}"#).unwrap_err();
-        assert!(
-            e.message().starts_with("invalid request"),
-            "{}",
-            e.message()
-        );
+        assert!(e.message().starts_with("invalid request"), "{}", e.message());
     }
 }

@@ -1,0 +1,186 @@
+//! The engine benchmark: runs an in-process engine (the same `Engine` the HTTP server drives)
+//! and measures, on this machine:
+//! - prefill tokens/s of a long uncached prompt;
+//! - decode tokens/s with 1 request and with N concurrent requests (continuous batching);
+//! - TTFT of a request whose long prefix is cached vs one whose prefix is not, interleaved.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use warmpath_engine::core::{Engine, EngineInfo};
+use warmpath_engine::executor::llama::LlamaExecutor;
+use warmpath_engine::metrics::Metrics;
+use warmpath_engine::model::{ModelConfig, Weights};
+use warmpath_engine::scheduler::{SamplingParams, SchedulerConfig};
+
+#[derive(clap::Args)]
+pub struct Args {
+    /// Model preset.
+    #[arg(long, default_value = "tiny")]
+    model: String,
+    /// Length of the long prompt / cached prefix, in tokens.
+    #[arg(long, default_value_t = 1000)]
+    prefix_tokens: usize,
+    /// Tokens generated per request in the decode runs.
+    #[arg(long, default_value_t = 64)]
+    decode_tokens: usize,
+    /// Concurrent requests in the batched decode run.
+    #[arg(long, default_value_t = 16)]
+    concurrency: usize,
+    /// Repeats of each measurement (the median is reported).
+    #[arg(long, default_value_t = 3)]
+    repeats: usize,
+    /// Scheduler token budget per step.
+    #[arg(long, default_value_t = 512)]
+    max_num_batched_tokens: usize,
+}
+
+fn params(max_tokens: usize) -> SamplingParams {
+    // No stop tokens: every run generates exactly max_tokens.
+    SamplingParams { max_tokens, temperature: 0.0, top_p: 1.0, seed: None, stop_token_ids: Vec::new() }
+}
+
+/// A prompt of `n` ids that no other call shares (distinct first token and stride).
+fn prompt(n: usize, salt: u32) -> Vec<u32> {
+    (0..n as u32).map(|i| (salt.wrapping_mul(7919).wrapping_add(i.wrapping_mul(31)) % 31_000) + 1).collect()
+}
+
+/// Runs one request; returns (TTFT, time of last token - time of first token, tokens).
+async fn one(
+    engine: &Engine,
+    prompt: Vec<u32>,
+    max_tokens: usize,
+) -> anyhow::Result<(Duration, Duration, usize)> {
+    let start = Instant::now();
+    let mut s = engine.generate(prompt, params(max_tokens), None).map_err(|e| anyhow::anyhow!("{e}"))?;
+    let mut first = None;
+    let mut n = 0;
+    let mut last = start;
+    while let Some(out) = s.next().await {
+        n += 1;
+        last = Instant::now();
+        first.get_or_insert(last);
+        if out.finish.is_some() {
+            break;
+        }
+    }
+    let first = first.ok_or_else(|| anyhow::anyhow!("no output"))?;
+    Ok((first - start, last - first, n))
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    v[v.len() / 2]
+}
+
+pub async fn run(a: Args) -> anyhow::Result<()> {
+    let cfg = ModelConfig::preset(&a.model).ok_or_else(|| anyhow::anyhow!("unknown preset {}", a.model))?;
+    let weights = Weights::dummy(&cfg, 0)?;
+    let block_size = 16;
+    let num_blocks = 4096;
+    let info = EngineInfo {
+        model_name: a.model.clone(),
+        vocab_size: cfg.vocab_size,
+        block_size,
+        num_blocks,
+        max_model_len: 8192,
+        prefix_caching: true,
+    };
+    let sched = SchedulerConfig {
+        max_num_batched_tokens: a.max_num_batched_tokens,
+        max_num_seqs: a.concurrency.max(16),
+        max_model_len: 8192,
+        enable_prefix_caching: true,
+    };
+    let metrics = Arc::new(Metrics::new(&a.model, "bench", block_size, num_blocks, true));
+    let engine = Arc::new(Engine::start(
+        info,
+        sched,
+        Box::new(LlamaExecutor::new(weights, num_blocks, block_size)),
+        metrics,
+        None,
+    )?);
+    println!(
+        "# warmpath-engine benchmark: model {} ({:.1}M params), {} cores, budget {} tokens/step",
+        a.model,
+        cfg.num_params() as f64 / 1e6,
+        std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1),
+        a.max_num_batched_tokens
+    );
+    // Warm-up: first touches of weights and cache pages.
+    one(&engine, prompt(64, 999_999), 4).await?;
+
+    let mut salt = 0u32;
+    let mut next = || {
+        salt += 1;
+        salt
+    };
+
+    // Prefill: a long unique prompt, one output token.
+    let mut prefill = Vec::new();
+    for _ in 0..a.repeats {
+        let (ttft, _, _) = one(&engine, prompt(a.prefix_tokens, next()), 1).await?;
+        prefill.push(a.prefix_tokens as f64 / ttft.as_secs_f64());
+    }
+    let prefill = median(prefill);
+    println!("prefill ({} tokens, uncached): {:.0} tokens/s", a.prefix_tokens, prefill);
+
+    // Decode, 1 request.
+    let mut d1 = Vec::new();
+    for _ in 0..a.repeats {
+        let (_, decode, n) = one(&engine, prompt(16, next()), a.decode_tokens).await?;
+        d1.push((n - 1) as f64 / decode.as_secs_f64());
+    }
+    let d1 = median(d1);
+    println!("decode, 1 request: {:.0} tokens/s", d1);
+
+    // Decode, N concurrent requests: aggregate output tokens over the wall time.
+    let mut dn = Vec::new();
+    for _ in 0..a.repeats {
+        let start = Instant::now();
+        let tasks: Vec<_> = (0..a.concurrency)
+            .map(|_| {
+                let e = engine.clone();
+                let p = prompt(16, next());
+                let max = a.decode_tokens;
+                tokio::spawn(async move { one(&e, p, max).await })
+            })
+            .collect();
+        let mut total = 0;
+        for t in tasks {
+            total += t.await??.2;
+        }
+        dn.push(total as f64 / start.elapsed().as_secs_f64());
+    }
+    let dn = median(dn);
+    println!("decode, {} concurrent requests: {:.0} tokens/s (aggregate)", a.concurrency, dn);
+    println!("continuous batching speed-up: {:.2}x", dn / d1);
+
+    // TTFT with the prefix cached vs not, interleaved so that both see the same machine state.
+    let mut cached = Vec::new();
+    let mut uncached = Vec::new();
+    let suffix = |s: u32| prompt(12, s + 500_000);
+    for _ in 0..a.repeats {
+        // Uncached: a fresh prefix.
+        let mut p = prompt(a.prefix_tokens, next());
+        p.extend(suffix(next()));
+        uncached.push(one(&engine, p, 1).await?.0.as_secs_f64());
+        // Cached: warm a prefix with one suffix, then measure another suffix.
+        let prefix = prompt(a.prefix_tokens, next());
+        let mut warm = prefix.clone();
+        warm.extend(suffix(next()));
+        one(&engine, warm, 1).await?;
+        let mut p = prefix;
+        p.extend(suffix(next()));
+        cached.push(one(&engine, p, 1).await?.0.as_secs_f64());
+    }
+    let (c, u) = (median(cached), median(uncached));
+    println!(
+        "TTFT with a {}-token prefix: uncached {:.1} ms, cached {:.1} ms, speed-up {:.1}x",
+        a.prefix_tokens,
+        u * 1e3,
+        c * 1e3,
+        u / c
+    );
+    Ok(())
+}
