@@ -12,6 +12,7 @@ pub struct View<'a> {
 }
 
 /// `c = a · b + beta · c` with `a` m×k, `b` k×n, and `c` m×n at `c[i * rsc + j]`.
+#[allow(clippy::too_many_arguments)] // mirrors BLAS sgemm
 pub fn gemm(m: usize, k: usize, n: usize, a: View<'_>, b: View<'_>, c: &mut [f32], rsc: usize, beta: f32) {
     if m == 0 || n == 0 {
         return;
