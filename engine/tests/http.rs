@@ -217,3 +217,22 @@ async fn models_health_tokenize_and_render() {
     .await;
     assert_eq!(g["usage"]["prompt_tokens"], r["token_ids"].as_array().expect("ids").len());
 }
+
+#[tokio::test]
+async fn the_sim_executor_serves_the_same_api_with_real_cache_accounting() {
+    let mut args = warmpath_engine::config::EngineArgs::for_tests("micro");
+    args.executor = warmpath_engine::config::ExecutorKind::Sim;
+    args.sim_itl_ms = 1.0;
+    args.sim_prefill_us_per_token = 50.0;
+    let e = start(args).await;
+    let body = json!({"model": "micro", "prompt": long_text(100), "max_tokens": 6});
+    let (s, first) = post_json(e.addr, "/v1/completions", body.clone()).await;
+    assert_eq!(s, 200, "{first}");
+    assert_eq!(first["usage"]["completion_tokens"], 6, "sim never stops early");
+    assert_eq!(first["usage"]["prompt_tokens_details"]["cached_tokens"], 0);
+    let (_, second) = post_json(e.addr, "/v1/completions", body).await;
+    let prompt = second["usage"]["prompt_tokens"].as_u64().expect("prompt_tokens");
+    assert_eq!(second["usage"]["prompt_tokens_details"]["cached_tokens"], (prompt - 1) / 16 * 16);
+    let (_, m) = get(e.addr, "/metrics").await;
+    assert_eq!(metric(&m, "vllm:generation_tokens_total{"), Some(12.0));
+}
