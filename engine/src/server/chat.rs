@@ -12,7 +12,7 @@ use warmpath_wire::openai::{
 };
 
 use super::generate::{self, ChunkFormat, SamplingFields};
-use super::{check_model, json_response, read_body, AppState, ErrorReply};
+use super::{check_model, read_body, AppState, ErrorReply};
 
 pub async fn handle(State(state): State<Arc<AppState>>, body: Body) -> Response {
     match run(state, body).await {
@@ -35,13 +35,7 @@ async fn run(state: Arc<AppState>, body: Body) -> Result<Response, ApiError> {
     let bytes = read_body(&state, body).await?;
     let req: ChatCompletionRequest = parse_body(&bytes)?;
     let prompt = prompt_of(&state, &req)?;
-    let faults = state.faults.draw();
-    if !faults.delay.is_zero() {
-        tokio::time::sleep(faults.delay).await;
-    }
-    if faults.fail {
-        return Err(ApiError::internal("fault injection: request failed"));
-    }
+    let faults = generate::pre_faults(&state).await?;
     let fields = SamplingFields {
         n: req.n,
         max_tokens: req.max_tokens(),
@@ -54,7 +48,7 @@ async fn run(state: Arc<AppState>, body: Body) -> Result<Response, ApiError> {
     let choices = fields.choices(&state, vec![prompt])?;
     let running = generate::submit(&state, choices, req.cache_salt.clone())?;
     let fmt = ChatFormat {
-        id: format!("chatcmpl-{:016x}", crate::sampler::Rng::new(unix_now() ^ running.first_id()).next_u64()),
+        id: generate::response_id("chatcmpl", &running),
         model: req.model.clone(),
         created: unix_now(),
         include_usage: req.stream_options.as_ref().is_some_and(|o| o.include_usage),
@@ -81,8 +75,7 @@ async fn run(state: Arc<AppState>, body: Body) -> Result<Response, ApiError> {
             .collect(),
         usage,
     };
-    let json = serde_json::to_string(&resp).map_err(|e| ApiError::internal(e.to_string()))?;
-    Ok(json_response(if faults.malformed { json[..json.len() / 2].to_owned() } else { json }))
+    generate::json_reply(&resp, &faults)
 }
 
 struct ChatFormat {

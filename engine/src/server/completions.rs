@@ -11,7 +11,7 @@ use warmpath_wire::openai::{
 };
 
 use super::generate::{self, ChunkFormat, SamplingFields};
-use super::{check_model, json_response, read_body, AppState, ErrorReply};
+use super::{check_model, read_body, AppState, ErrorReply};
 
 pub async fn handle(State(state): State<Arc<AppState>>, body: Body) -> Response {
     match run(state, body).await {
@@ -43,13 +43,7 @@ async fn run(state: Arc<AppState>, body: Body) -> Result<Response, ApiError> {
     if req.echo.unwrap_or(false) {
         return Err(ApiError::invalid_request("echo is not supported").with_param("echo"));
     }
-    let faults = state.faults.draw();
-    if !faults.delay.is_zero() {
-        tokio::time::sleep(faults.delay).await;
-    }
-    if faults.fail {
-        return Err(ApiError::internal("fault injection: request failed"));
-    }
+    let faults = generate::pre_faults(&state).await?;
     let fields = SamplingFields {
         n: req.n,
         max_tokens: req.max_tokens,
@@ -62,7 +56,7 @@ async fn run(state: Arc<AppState>, body: Body) -> Result<Response, ApiError> {
     let choices = fields.choices(&state, prompts)?;
     let running = generate::submit(&state, choices, req.cache_salt.clone())?;
     let fmt = CompletionFormat {
-        id: format!("cmpl-{:016x}", crate::sampler::Rng::new(unix_now() ^ running.first_id()).next_u64()),
+        id: generate::response_id("cmpl", &running),
         model: req.model.clone(),
         created: unix_now(),
         include_usage: req.stream_options.as_ref().is_some_and(|o| o.include_usage),
@@ -89,8 +83,7 @@ async fn run(state: Arc<AppState>, body: Body) -> Result<Response, ApiError> {
             .collect(),
         usage: Some(Some(usage)),
     };
-    let json = serde_json::to_string(&resp).map_err(|e| ApiError::internal(e.to_string()))?;
-    Ok(json_response(if faults.malformed { json[..json.len() / 2].to_owned() } else { json }))
+    generate::json_reply(&resp, &faults)
 }
 
 struct CompletionFormat {

@@ -49,6 +49,33 @@ pub trait ChunkFormat: Send + Sync + 'static {
     fn usage(&self, usage: &Usage) -> String;
 }
 
+/// Draws this request's injected faults and applies the ones that act before generation
+/// (delay, failure); the rest act on the response.
+pub async fn pre_faults(state: &AppState) -> Result<RequestFaults, ApiError> {
+    let faults = state.faults.draw();
+    if !faults.delay.is_zero() {
+        tokio::time::sleep(faults.delay).await;
+    }
+    if faults.fail {
+        return Err(ApiError::internal("fault injection: request failed"));
+    }
+    Ok(faults)
+}
+
+/// A non-streaming JSON response, cut in half when the malformed-JSON fault is on.
+pub fn json_reply<T: serde::Serialize>(body: &T, faults: &RequestFaults) -> Result<Response, ApiError> {
+    let json = serde_json::to_string(body).map_err(|e| ApiError::internal(e.to_string()))?;
+    Ok(super::json_response(if faults.malformed { json[..json.len() / 2].to_owned() } else { json }))
+}
+
+/// A response id: `prefix-` and 16 hex digits, unique per engine request.
+pub fn response_id(prefix: &str, running: &Running) -> String {
+    format!(
+        "{prefix}-{:016x}",
+        crate::sampler::Rng::new(warmpath_wire::openai::unix_now() ^ running.first_id()).next_u64()
+    )
+}
+
 /// The sampling fields Chat Completions and Completions share, before validation.
 pub struct SamplingFields<'a> {
     pub n: Option<u32>,
