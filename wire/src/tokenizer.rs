@@ -94,8 +94,7 @@ impl Tokenizer {
 
     /// Encodes text in which special-token strings are the special tokens (rendered templates).
     pub fn encode_with_special(&self, text: &str) -> Vec<u32> {
-        let allowed: HashSet<&str> = self.specials.iter().copied().collect();
-        self.bpe.encode(text, &allowed).map(|(ids, _)| ids).unwrap_or_else(|_| self.encode(text))
+        self.bpe.encode(text, &self.specials).map(|(ids, _)| ids).unwrap_or_else(|_| self.encode(text))
     }
 
     /// The id of a special token such as [`EOS`].
