@@ -236,3 +236,40 @@ async fn the_sim_executor_serves_the_same_api_with_real_cache_accounting() {
     let (_, m) = get(e.addr, "/metrics").await;
     assert_eq!(metric(&m, "vllm:generation_tokens_total{"), Some(12.0));
 }
+
+#[tokio::test]
+async fn a_choice_ended_by_a_stop_string_is_aborted_while_its_siblings_run_on() {
+    // With micro's dummy weights, greedy "alpha" continues " Soft Soft ..." and "zzz qq"
+    // continues " chr chr ... 563563": "Soft" stops only the first choice, at once.
+    let e = micro().await;
+    let mut generated = 0.0;
+    for stream in [false, true] {
+        let body = json!({"model": "micro", "prompt": ["alpha", "zzz qq"], "max_tokens": 100, "temperature": 0,
+                          "stop": ["Soft"], "ignore_eos": true, "stream": stream});
+        let (s, text) = post(e.addr, "/v1/completions", body.to_string()).await;
+        assert_eq!(s, 200);
+        let finishes: Vec<Value> = if stream {
+            sse_data(&text)
+                .iter()
+                .filter(|d| *d != "[DONE]")
+                .map(|d| serde_json::from_str::<Value>(d).expect("json"))
+                .filter(|c| c["choices"][0]["finish_reason"].is_string())
+                .map(|c| c["choices"][0].clone())
+                .collect()
+        } else {
+            serde_json::from_str::<Value>(&text).expect("json")["choices"]
+                .as_array()
+                .expect("choices")
+                .clone()
+        };
+        let reason = |i: u64| finishes.iter().find(|c| c["index"] == i).map(|c| c["finish_reason"].clone());
+        assert_eq!(reason(0), Some(json!("stop")), "{text}");
+        assert_eq!(reason(1), Some(json!("length")), "{text}");
+        let (_, m) = get(e.addr, "/metrics").await;
+        let now = metric(&m, "vllm:generation_tokens_total{").expect("counter");
+        // 100 for the second choice, the first stopped after a token or two (an abort lands at
+        // the next step boundary); had it run on, this would be ~200.
+        assert!(now - generated <= 105.0, "stream={stream}: {} tokens generated", now - generated);
+        generated = now;
+    }
+}

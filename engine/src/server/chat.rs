@@ -7,11 +7,11 @@ use axum::extract::State;
 use axum::response::{IntoResponse, Response};
 use warmpath_wire::chat_template::render_tokens;
 use warmpath_wire::openai::{
-    parse_body, unix_now, ApiError, AssistantMessage, ChatChoice, ChatCompletion, ChatCompletionChunk,
+    parse_body, ApiError, AssistantMessage, ChatChoice, ChatCompletion, ChatCompletionChunk,
     ChatCompletionRequest, ChunkChoice, Delta, FinishReason, Role, Usage,
 };
 
-use super::generate::{self, ChunkFormat, SamplingFields};
+use super::generate::{self, ChunkFormat, ResponseMeta, SamplingFields};
 use super::{check_model, read_body, AppState, ErrorReply};
 
 pub async fn handle(State(state): State<Arc<AppState>>, body: Body) -> Response {
@@ -47,22 +47,16 @@ async fn run(state: Arc<AppState>, body: Body) -> Result<Response, ApiError> {
     };
     let choices = fields.choices(&state, vec![prompt])?;
     let running = generate::submit(&state, choices, req.cache_salt.clone())?;
-    let fmt = ChatFormat {
-        id: generate::response_id("chatcmpl", &running),
-        model: req.model.clone(),
-        created: unix_now(),
-        include_usage: req.stream_options.as_ref().is_some_and(|o| o.include_usage),
-    };
+    let meta = ResponseMeta::new("chatcmpl", &running, &req.model, req.stream_options.as_ref());
     if req.stream.unwrap_or(false) {
-        let include_usage = fmt.include_usage;
-        return Ok(generate::stream(state, running, fmt, include_usage, faults));
+        return Ok(generate::stream(running, ChatFormat(meta), faults));
     }
-    let (results, usage) = generate::collect(&state, running).await;
+    let (results, usage) = generate::collect(running).await;
     let resp = ChatCompletion {
-        id: fmt.id,
+        id: meta.id,
         object: "chat.completion".into(),
-        created: fmt.created,
-        model: fmt.model,
+        created: meta.created,
+        model: meta.model,
         system_fingerprint: None,
         choices: results
             .into_iter()
@@ -78,23 +72,18 @@ async fn run(state: Arc<AppState>, body: Body) -> Result<Response, ApiError> {
     generate::json_reply(&resp, &faults)
 }
 
-struct ChatFormat {
-    id: String,
-    model: String,
-    created: u64,
-    include_usage: bool,
-}
+struct ChatFormat(ResponseMeta);
 
 impl ChatFormat {
     fn chunk(&self, choices: Vec<ChunkChoice>, usage: Option<Usage>) -> String {
         let c = ChatCompletionChunk {
-            id: self.id.clone(),
+            id: self.0.id.clone(),
             object: "chat.completion.chunk".into(),
-            created: self.created,
-            model: self.model.clone(),
+            created: self.0.created,
+            model: self.0.model.clone(),
             system_fingerprint: None,
             choices,
-            usage: if self.include_usage { Some(usage) } else { None },
+            usage: self.0.chunk_usage(usage.as_ref()),
         };
         serde_json::to_string(&c).unwrap_or_default()
     }
@@ -105,6 +94,10 @@ impl ChatFormat {
 }
 
 impl ChunkFormat for ChatFormat {
+    fn meta(&self) -> &ResponseMeta {
+        &self.0
+    }
+
     fn opening(&self, index: u32) -> Option<String> {
         Some(self.one(index, Delta { role: Some(Role::Assistant), content: Some(String::new()) }, None))
     }

@@ -6,11 +6,10 @@ use axum::body::Body;
 use axum::extract::State;
 use axum::response::{IntoResponse, Response};
 use warmpath_wire::openai::{
-    parse_body, unix_now, ApiError, Completion, CompletionChoice, CompletionRequest, FinishReason, Prompt,
-    Usage,
+    parse_body, ApiError, Completion, CompletionChoice, CompletionRequest, FinishReason, Prompt, Usage,
 };
 
-use super::generate::{self, ChunkFormat, SamplingFields};
+use super::generate::{self, ChunkFormat, ResponseMeta, SamplingFields};
 use super::{check_model, read_body, AppState, ErrorReply};
 
 pub async fn handle(State(state): State<Arc<AppState>>, body: Body) -> Response {
@@ -55,22 +54,16 @@ async fn run(state: Arc<AppState>, body: Body) -> Result<Response, ApiError> {
     };
     let choices = fields.choices(&state, prompts)?;
     let running = generate::submit(&state, choices, req.cache_salt.clone())?;
-    let fmt = CompletionFormat {
-        id: generate::response_id("cmpl", &running),
-        model: req.model.clone(),
-        created: unix_now(),
-        include_usage: req.stream_options.as_ref().is_some_and(|o| o.include_usage),
-    };
+    let meta = ResponseMeta::new("cmpl", &running, &req.model, req.stream_options.as_ref());
     if req.stream.unwrap_or(false) {
-        let include_usage = fmt.include_usage;
-        return Ok(generate::stream(state, running, fmt, include_usage, faults));
+        return Ok(generate::stream(running, CompletionFormat(meta), faults));
     }
-    let (results, usage) = generate::collect(&state, running).await;
+    let (results, usage) = generate::collect(running).await;
     let resp = Completion {
-        id: fmt.id,
+        id: meta.id,
         object: "text_completion".into(),
-        created: fmt.created,
-        model: fmt.model,
+        created: meta.created,
+        model: meta.model,
         system_fingerprint: None,
         choices: results
             .into_iter()
@@ -86,29 +79,28 @@ async fn run(state: Arc<AppState>, body: Body) -> Result<Response, ApiError> {
     generate::json_reply(&resp, &faults)
 }
 
-struct CompletionFormat {
-    id: String,
-    model: String,
-    created: u64,
-    include_usage: bool,
-}
+struct CompletionFormat(ResponseMeta);
 
 impl CompletionFormat {
     fn chunk(&self, choices: Vec<CompletionChoice>, usage: Option<Usage>) -> String {
         let c = Completion {
-            id: self.id.clone(),
+            id: self.0.id.clone(),
             object: "text_completion".into(),
-            created: self.created,
-            model: self.model.clone(),
+            created: self.0.created,
+            model: self.0.model.clone(),
             system_fingerprint: None,
             choices,
-            usage: if self.include_usage { Some(usage) } else { None },
+            usage: self.0.chunk_usage(usage.as_ref()),
         };
         serde_json::to_string(&c).unwrap_or_default()
     }
 }
 
 impl ChunkFormat for CompletionFormat {
+    fn meta(&self) -> &ResponseMeta {
+        &self.0
+    }
+
     fn opening(&self, _index: u32) -> Option<String> {
         None
     }

@@ -4,9 +4,8 @@
 //!
 //! A streaming response is fed by a task that ends when the client goes away: dropping the
 //! body closes the channel, the task stops and drops its [`RequestStream`]s, and that aborts
-//! the requests in the engine and frees their blocks.
-
-use std::sync::Arc;
+//! the requests in the engine and frees their blocks. A choice ended by a stop string is
+//! dropped (so aborted) as soon as it ends, whatever its sibling choices still do.
 
 use axum::body::Body;
 use axum::http::header;
@@ -14,7 +13,8 @@ use axum::response::{IntoResponse, Response};
 use bytes::Bytes;
 use futures_util::stream::{self, SelectAll, StreamExt};
 use tokio::sync::mpsc;
-use warmpath_wire::openai::{ApiError, FinishReason, Usage};
+use warmpath_wire::openai::{unix_now, ApiError, FinishReason, StreamOptions, Usage};
+use warmpath_wire::tokenizer::Tokenizer;
 
 use super::text::TextState;
 use super::AppState;
@@ -40,8 +40,39 @@ pub struct ChoiceResult {
     pub finish: FinishReason,
 }
 
+/// What every response and chunk of one request repeats.
+pub struct ResponseMeta {
+    pub id: String,
+    pub model: String,
+    pub created: u64,
+    /// `stream_options.include_usage`: usage chunk at the end, `usage: null` before it.
+    pub include_usage: bool,
+}
+
+impl ResponseMeta {
+    /// `id` is `prefix-` and 16 hex digits, unique per engine request.
+    pub fn new(prefix: &str, running: &Running, model: &str, stream_options: Option<&StreamOptions>) -> Self {
+        let created = unix_now();
+        ResponseMeta {
+            id: format!(
+                "{prefix}-{:016x}",
+                crate::sampler::Rng::new(created ^ running.first_id()).next_u64()
+            ),
+            model: model.to_owned(),
+            created,
+            include_usage: stream_options.is_some_and(|o| o.include_usage),
+        }
+    }
+
+    /// The `usage` field of a chunk: absent unless `include_usage`, then `null` or the usage.
+    pub fn chunk_usage(&self, usage: Option<&Usage>) -> Option<Option<Usage>> {
+        self.include_usage.then(|| usage.cloned())
+    }
+}
+
 /// How a route writes its stream chunks (each a JSON document).
 pub trait ChunkFormat: Send + Sync + 'static {
+    fn meta(&self) -> &ResponseMeta;
     /// Sent once per choice before its first text (chat: the assistant role).
     fn opening(&self, index: u32) -> Option<String>;
     fn delta(&self, index: u32, text: &str) -> String;
@@ -66,14 +97,6 @@ pub async fn pre_faults(state: &AppState) -> Result<RequestFaults, ApiError> {
 pub fn json_reply<T: serde::Serialize>(body: &T, faults: &RequestFaults) -> Result<Response, ApiError> {
     let json = serde_json::to_string(body).map_err(|e| ApiError::internal(e.to_string()))?;
     Ok(super::json_response(if faults.malformed { json[..json.len() / 2].to_owned() } else { json }))
-}
-
-/// A response id: `prefix-` and 16 hex digits, unique per engine request.
-pub fn response_id(prefix: &str, running: &Running) -> String {
-    format!(
-        "{prefix}-{:016x}",
-        crate::sampler::Rng::new(warmpath_wire::openai::unix_now() ^ running.first_id()).next_u64()
-    )
 }
 
 /// The sampling fields Chat Completions and Completions share, before validation.
@@ -159,34 +182,80 @@ impl SamplingFields<'_> {
 
 /// Submitted choices with their prompt sizes, ready to collect or stream.
 pub struct Running {
-    streams: Vec<(u32, usize, RequestStream, TextState)>,
+    choices: Vec<Choice>,
     prompt_tokens: Vec<usize>,
 }
 
 impl Running {
     /// The engine id of the first choice (unique per request; seeds the response id).
     pub fn first_id(&self) -> u64 {
-        self.streams.first().map(|s| s.2.id()).unwrap_or(0)
+        self.choices.first().map(|c| c.stream.id()).unwrap_or(0)
     }
 }
 
 /// Queues every choice; fails (nothing left queued) if any is rejected.
 pub fn submit(
     state: &AppState,
-    choices: Vec<ChoiceSpec>,
+    specs: Vec<ChoiceSpec>,
     cache_salt: Option<String>,
 ) -> Result<Running, ApiError> {
     let mut prompt_tokens = Vec::new();
-    let mut streams = Vec::with_capacity(choices.len());
-    for c in choices {
+    let mut choices = Vec::with_capacity(specs.len());
+    for c in specs {
         if prompt_tokens.len() <= c.prompt_index {
             prompt_tokens.resize(c.prompt_index + 1, 0);
         }
         prompt_tokens[c.prompt_index] = c.prompt.len();
-        let s = state.engine.generate(c.prompt, c.params, cache_salt.clone())?;
-        streams.push((c.index, c.prompt_index, s, TextState::new(c.stops)));
+        let stream = state.engine.generate(c.prompt, c.params, cache_salt.clone())?;
+        choices.push(Choice {
+            index: c.index,
+            prompt_index: c.prompt_index,
+            stream,
+            text: TextState::new(c.stops),
+            tok: state.tokenizer.clone(),
+            finished: false,
+        });
     }
-    Ok(Running { streams, prompt_tokens })
+    Ok(Running { choices, prompt_tokens })
+}
+
+/// One choice in flight: its engine request and the text made of its tokens. Once it has
+/// finished (engine finish or stop string) it yields nothing more; dropping it then aborts the
+/// engine request if the engine had not finished it (a stop string ended it).
+struct Choice {
+    index: u32,
+    prompt_index: usize,
+    stream: RequestStream,
+    text: TextState,
+    tok: Tokenizer,
+    finished: bool,
+}
+
+/// What one engine output means for a choice.
+struct ChoiceEvent {
+    index: u32,
+    prompt_index: usize,
+    output: RequestOutput,
+    /// Text now safe to send (possibly empty).
+    text: String,
+    /// Set on the choice's last event.
+    finish: Option<FinishReason>,
+}
+
+impl Choice {
+    async fn next(&mut self) -> Option<ChoiceEvent> {
+        if self.finished {
+            return None;
+        }
+        let output = self.stream.next().await?;
+        let mut text = self.text.push(&self.tok, output.token);
+        let finish = if self.text.stopped() { Some(FinishReason::Stop) } else { output.finish };
+        if finish.is_some() {
+            text.push_str(&self.text.finish());
+            self.finished = true;
+        }
+        Some(ChoiceEvent { index: self.index, prompt_index: self.prompt_index, output, text, finish })
+    }
 }
 
 /// Tallies usage across choices.
@@ -202,12 +271,9 @@ impl UsageTally {
         UsageTally { prompt_tokens, cached: vec![None; n], completion: 0 }
     }
 
-    fn record(&mut self, prompt_index: usize, out: &RequestOutput) {
+    fn record(&mut self, ev: &ChoiceEvent) {
         self.completion += 1;
-        let c = &mut self.cached[prompt_index];
-        if c.is_none() {
-            *c = Some(out.cached_tokens);
-        }
+        self.cached[ev.prompt_index].get_or_insert(ev.output.cached_tokens);
     }
 
     fn usage(&self) -> Usage {
@@ -217,33 +283,20 @@ impl UsageTally {
     }
 }
 
-fn finish_of(out: &RequestOutput, text: &TextState) -> Option<FinishReason> {
-    if text.stopped() {
-        Some(FinishReason::Stop)
-    } else {
-        out.finish
-    }
-}
-
 /// Waits for every choice to finish.
-pub async fn collect(state: &AppState, running: Running) -> (Vec<ChoiceResult>, Usage) {
-    let tok = &state.tokenizer;
+pub async fn collect(running: Running) -> (Vec<ChoiceResult>, Usage) {
     let mut tally = UsageTally::new(running.prompt_tokens);
     let mut results = Vec::new();
     // Choices run concurrently in the engine; awaiting them one after another loses nothing.
-    for (index, prompt_index, mut s, mut text) in running.streams {
-        let mut out_text = String::new();
+    for mut c in running.choices {
+        let mut text = String::new();
         let mut finish = FinishReason::Abort;
-        while let Some(out) = s.next().await {
-            tally.record(prompt_index, &out);
-            out_text.push_str(&text.push(tok, out.token));
-            if let Some(f) = finish_of(&out, &text) {
-                finish = f;
-                break;
-            }
+        while let Some(ev) = c.next().await {
+            tally.record(&ev);
+            text.push_str(&ev.text);
+            finish = ev.finish.unwrap_or(finish);
         }
-        out_text.push_str(&text.finish());
-        results.push(ChoiceResult { index, text: out_text, finish });
+        results.push(ChoiceResult { index: c.index, text, finish });
     }
     (results, tally.usage())
 }
@@ -255,75 +308,42 @@ fn sse(json: &str) -> Frame {
 }
 
 /// Streams the choices as SSE.
-pub fn stream(
-    state: Arc<AppState>,
-    running: Running,
-    fmt: impl ChunkFormat,
-    include_usage: bool,
-    faults: RequestFaults,
-) -> Response {
+pub fn stream(running: Running, fmt: impl ChunkFormat, faults: RequestFaults) -> Response {
     let (tx, rx) = mpsc::channel::<Frame>(64);
     tokio::spawn(async move {
         tokio::select! {
-            _ = pump(&state, running, &fmt, include_usage, &faults, &tx) => {}
+            _ = pump(running, &fmt, &faults, &tx) => {}
             _ = tx.closed() => {} // client gone: dropping `pump` aborts the requests
         }
     });
-    let body = Body::from_stream(tokio_stream_from(rx));
+    let body =
+        Body::from_stream(stream::unfold(rx, |mut rx| async move { rx.recv().await.map(|f| (f, rx)) }));
     ([(header::CONTENT_TYPE, "text/event-stream"), (header::CACHE_CONTROL, "no-cache")], body).into_response()
 }
 
-fn tokio_stream_from(rx: mpsc::Receiver<Frame>) -> impl futures_util::Stream<Item = Frame> {
-    stream::unfold(rx, |mut rx| async move { rx.recv().await.map(|f| (f, rx)) })
-}
-
-type Tagged = (u32, usize, RequestOutput);
-
-async fn pump(
-    state: &AppState,
-    running: Running,
-    fmt: &impl ChunkFormat,
-    include_usage: bool,
-    faults: &RequestFaults,
-    tx: &mpsc::Sender<Frame>,
-) {
-    let tok = &state.tokenizer;
+async fn pump(running: Running, fmt: &impl ChunkFormat, faults: &RequestFaults, tx: &mpsc::Sender<Frame>) {
     let mut tally = UsageTally::new(running.prompt_tokens);
-    let mut texts = std::collections::HashMap::new();
     let mut merged: SelectAll<_> = SelectAll::new();
-    for (index, prompt_index, s, text) in running.streams {
-        texts.insert(index, text);
-        if let Some(open) = fmt.opening(index) {
+    for c in running.choices {
+        if let Some(open) = fmt.opening(c.index) {
             if tx.send(sse(&open)).await.is_err() {
                 return;
             }
         }
-        merged.push(Box::pin(stream::unfold(s, move |mut s| async move {
-            s.next().await.map(|o| ((index, prompt_index, o) as Tagged, s))
-        })));
+        // A finished choice ends its stream, which drops it at once (see `Choice`).
+        merged.push(Box::pin(stream::unfold(c, |mut c| async move { c.next().await.map(|ev| (ev, c)) })));
     }
     let mut sent_tokens = 0usize;
-    let mut done = std::collections::HashSet::new();
-    while let Some((index, prompt_index, out)) = merged.next().await {
-        if done.contains(&index) {
-            continue;
-        }
-        tally.record(prompt_index, &out);
-        let Some(text) = texts.get_mut(&index) else {
-            continue;
-        };
-        let piece = text.push(tok, out.token);
-        let finish = finish_of(&out, text);
+    while let Some(ev) = merged.next().await {
+        tally.record(&ev);
         let mut frames = Vec::new();
-        let piece = if finish.is_some() { piece + &text.finish() } else { piece };
-        if !piece.is_empty() {
-            let json = fmt.delta(index, &piece);
+        if !ev.text.is_empty() {
+            let json = fmt.delta(ev.index, &ev.text);
             frames.push(if faults.malformed { sse(&json[..json.len() / 2]) } else { sse(&json) });
             sent_tokens += 1;
         }
-        if let Some(f) = finish {
-            frames.push(sse(&fmt.finish(index, f)));
-            done.insert(index);
+        if let Some(f) = ev.finish {
+            frames.push(sse(&fmt.finish(ev.index, f)));
         }
         for f in frames {
             if tx.send(f).await.is_err() {
@@ -340,12 +360,8 @@ async fn pump(
             let _ = tx.send(Err(std::io::Error::other("fault injection: died mid-stream"))).await;
             return;
         }
-        if done.len() == texts.len() {
-            break;
-        }
     }
-    drop(merged); // aborts any choice still running (a stop string ended it early)
-    if include_usage {
+    if fmt.meta().include_usage {
         let _ = tx.send(sse(&fmt.usage(&tally.usage()))).await;
     }
     let _ = tx.send(Ok(Bytes::from_static(b"data: [DONE]\n\n"))).await;
