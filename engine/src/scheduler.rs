@@ -253,9 +253,9 @@ impl Scheduler {
             let Some(seq) = self.waiting.front_mut() else {
                 break;
             };
-            if seq.num_computed == 0 && seq.block_table.is_empty() {
-                extend_block_hashes(&mut seq.hashes, &seq.tokens, bs, seq.cache_salt.as_deref());
-            }
+            // Incremental: hashes only blocks completed since the last call (a preempted
+            // sequence comes back longer).
+            extend_block_hashes(&mut seq.hashes, &seq.tokens, bs, seq.cache_salt.as_deref());
             // At most len-1 tokens from cache: the last prompt token is always computed.
             let max_hit_blocks = (seq.tokens.len() - 1) / bs;
             let hits = if self.cfg.enable_prefix_caching {
@@ -286,9 +286,9 @@ impl Scheduler {
                 seq.first_scheduled = Some(Instant::now());
                 self.stats.prompt_tokens += seq.num_prompt as u64;
             }
+            seq.num_cached_blocks = hits.len();
             seq.block_table = hits;
             seq.block_table.extend(new_blocks);
-            seq.num_cached_blocks = seq.block_table.len().min(computed / bs);
             seq.num_computed = computed;
             seq.num_scheduled = n;
             budget -= n;
