@@ -65,6 +65,18 @@ pub fn matmul_wt(out: &mut [f32], x: &[f32], w: &[f32], t: usize, k: usize, n: u
     rows::<false>(out, x, w, t, k, n);
 }
 
+/// `out[t×n] += x[t×k] · wᵀ`: a matrix product added into a residual stream.
+pub fn matmul_wt_add(out: &mut [f32], x: &[f32], w: &[f32], t: usize, k: usize, n: usize) {
+    if t > SMALL_BATCH_ROWS {
+        gemm(t, k, n, View { data: x, rs: k, cs: 1 }, View { data: w, rs: 1, cs: k }, out, n, 1.0);
+        return;
+    }
+    // Few rows: the streaming kernel into scratch (t × n floats), then add.
+    let mut product = vec![0.0f32; t * n];
+    matmul_wt(&mut product, x, w, t, k, n);
+    out[..t * n].iter_mut().zip(&product).for_each(|(o, p)| *o += p);
+}
+
 /// [`rows`] compiled for AVX2 + FMA, picked at run time.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma")]

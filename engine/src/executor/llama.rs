@@ -7,7 +7,7 @@
 
 use super::{Executor, SeqStep};
 use crate::block_pool::BlockId;
-use crate::math::{gemm, matmul_wt, rmsnorm, rope, softmax, swiglu, View};
+use crate::math::{gemm, matmul_wt, matmul_wt_add, rmsnorm, rope, softmax, swiglu, View};
 use crate::model::Weights;
 
 /// K and V of every layer, `[num_blocks × block_size × kv_dim]` each.
@@ -100,31 +100,12 @@ impl LlamaExecutor {
                 self.attention(l, &q[r * dim..], &mut att[r * dim..], tokens.len(), *start, table);
                 r += tokens.len();
             }
-            // x += att · Woᵀ
-            gemm(
-                t,
-                dim,
-                dim,
-                View { data: &att, rs: dim, cs: 1 },
-                View { data: &lw.wo, rs: 1, cs: dim },
-                &mut x,
-                dim,
-                1.0,
-            );
+            matmul_wt_add(&mut x, &att, &lw.wo, t, dim, dim);
             rmsnorm(&mut xb, &x, &lw.rms_ffn, dim, c.norm_eps);
             matmul_wt(&mut h1, &xb, &lw.w1, t, dim, hidden);
             matmul_wt(&mut h3, &xb, &lw.w3, t, dim, hidden);
             swiglu(&mut h1, &h3);
-            gemm(
-                t,
-                hidden,
-                dim,
-                View { data: &h1, rs: hidden, cs: 1 },
-                View { data: &lw.w2, rs: 1, cs: hidden },
-                &mut x,
-                dim,
-                1.0,
-            );
+            matmul_wt_add(&mut x, &h1, &lw.w2, t, hidden, dim);
         }
         // Final norm and output projection, only for the rows that are sampled.
         let mut last_rows = Vec::new();
