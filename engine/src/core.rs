@@ -33,7 +33,7 @@ pub struct EngineInfo {
 pub struct RequestOutput {
     pub token: u32,
     pub finish: Option<FinishReason>,
-    pub num_prompt: usize,
+    /// Prompt tokens served from the prefix cache (the same on every output of a request).
     pub cached_tokens: usize,
 }
 
@@ -249,12 +249,7 @@ impl EngineLoop {
                 self.metrics.observe_finished(label, t);
             }
             let Some(token) = o.token else { continue };
-            let out = RequestOutput {
-                token,
-                finish: o.finish,
-                num_prompt: o.num_prompt,
-                cached_tokens: o.cached_tokens,
-            };
+            let out = RequestOutput { token, finish: o.finish, cached_tokens: o.cached_tokens };
             let gone = self.streams.get(&o.id).is_none_or(|tx| tx.send(out).is_err());
             if o.finish.is_some() || gone {
                 self.streams.remove(&o.id);

@@ -93,7 +93,6 @@ pub struct SeqOutput {
     /// The token sampled this step, if any.
     pub token: Option<u32>,
     pub finish: Option<FinishReason>,
-    pub num_prompt: usize,
     pub cached_tokens: usize,
     /// Set with the first token: arrival → first token.
     pub ttft: Option<Duration>,
@@ -342,7 +341,6 @@ impl Scheduler {
                 id: s.id,
                 token: Some(token),
                 finish: None,
-                num_prompt: s.num_prompt,
                 cached_tokens: s.cached_tokens.unwrap_or(0),
                 ttft: None,
                 itl: None,
