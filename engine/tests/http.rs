@@ -268,9 +268,10 @@ async fn a_choice_ended_by_a_stop_string_is_aborted_while_its_siblings_run_on() 
         assert_eq!(reason(1), Some(json!("length")), "{text}");
         let (_, m) = get(e.addr, "/metrics").await;
         let now = metric(&m, "vllm:generation_tokens_total{").expect("counter");
-        // 100 for the second choice, the first stopped after a token or two (an abort lands at
-        // the next step boundary); had it run on, this would be ~200.
-        assert!(now - generated <= 105.0, "stream={stream}: {} tokens generated", now - generated);
+        // 100 for the second choice; the first is aborted once the front end has seen its first
+        // token (on a loaded machine the engine may step on a few dozen times before that).
+        // Had it run on to the end, this would be 200.
+        assert!(now - generated < 180.0, "stream={stream}: {} tokens generated", now - generated);
         generated = now;
     }
 }
