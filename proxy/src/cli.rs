@@ -1,0 +1,83 @@
+//! Command-line interface: `warmpath [--config FILE] [--listen ADDR] [--admin ADDR]` serves;
+//! `warmpath check-config FILE...` validates policy files.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+
+/// warmpath: a cache-aware sidecar proxy for OpenAI-compatible LLM servers.
+#[derive(Debug, Parser)]
+#[command(name = "warmpath", version)]
+pub struct Cli {
+    /// The policy file to serve.
+    #[arg(long, default_value = "policies/default.toml", global = true)]
+    pub config: PathBuf,
+    /// Overrides `[server] listen`.
+    #[arg(long)]
+    pub listen: Option<SocketAddr>,
+    /// Overrides `[server] admin`.
+    #[arg(long)]
+    pub admin: Option<SocketAddr>,
+    #[command(subcommand)]
+    pub command: Option<Command>,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Validates policy files; prints `file:line:col: message` for each bad one.
+    CheckConfig {
+        #[arg(required = true)]
+        files: Vec<PathBuf>,
+    },
+}
+
+pub fn main() -> ExitCode {
+    let cli = Cli::parse();
+    match cli.command {
+        Some(Command::CheckConfig { files }) => {
+            let mut ok = true;
+            for f in &files {
+                match crate::config::load(f) {
+                    Ok(_) => println!("{}: ok", f.display()),
+                    Err(e) => {
+                        eprintln!("{e}");
+                        ok = false;
+                    }
+                }
+            }
+            if ok {
+                ExitCode::SUCCESS
+            } else {
+                ExitCode::FAILURE
+            }
+        }
+        None => {
+            let mut cfg = match crate::config::load(&cli.config) {
+                Ok(c) => c,
+                Err(e) => {
+                    eprintln!("{e}");
+                    return ExitCode::FAILURE;
+                }
+            };
+            if let Some(a) = cli.listen {
+                cfg.server.listen = a;
+            }
+            if let Some(a) = cli.admin {
+                cfg.server.admin = a;
+            }
+            if cfg.server.listen == cfg.server.admin {
+                eprintln!("--listen and --admin must differ ({})", cfg.server.listen);
+                return ExitCode::FAILURE;
+            }
+            match crate::server::run(cfg) {
+                Ok(()) => ExitCode::SUCCESS,
+                Err(e) => {
+                    eprintln!("warmpath: {e:#}");
+                    ExitCode::FAILURE
+                }
+            }
+        }
+    }
+}

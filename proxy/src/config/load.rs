@@ -1,0 +1,154 @@
+//! Reading a policy file: TOML parse errors and [`super::validate`] failures both come out as
+//! `file:line:col: message`.
+
+use std::fmt;
+use std::ops::Range;
+use std::path::Path;
+
+use toml::de::{DeTable, DeValue};
+use toml::Spanned;
+
+use super::{validate, Config, PathSeg};
+
+/// A policy file that cannot be used, with the place that is wrong.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ConfigError {
+    pub file: String,
+    /// 1-based; 0 when the file could not be read at all.
+    pub line: usize,
+    pub col: usize,
+    pub message: String,
+}
+
+impl fmt::Display for ConfigError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}:{}:{}: {}", self.file, self.line, self.col, self.message)
+    }
+}
+
+impl std::error::Error for ConfigError {}
+
+/// Reads, parses and validates the policy file at `path`.
+pub fn load(path: &Path) -> Result<Config, ConfigError> {
+    let file = path.display().to_string();
+    let text = std::fs::read_to_string(path).map_err(|e| ConfigError {
+        file: file.clone(),
+        line: 0,
+        col: 0,
+        message: format!("cannot read: {e}"),
+    })?;
+    parse(&file, &text)
+}
+
+/// Parses and validates policy text; `file` names it in errors.
+pub fn parse(file: &str, text: &str) -> Result<Config, ConfigError> {
+    let at = |span: Option<Range<usize>>, message: String| {
+        let (line, col) = span.map(|s| line_col(text, s.start)).unwrap_or((1, 1));
+        ConfigError { file: file.to_owned(), line, col, message }
+    };
+    let cfg: Config = toml::from_str(text).map_err(|e| at(e.span(), e.message().to_owned()))?;
+    validate(&cfg).map_err(|inv| {
+        let span = DeTable::parse(text).ok().and_then(|doc| locate(&doc, &inv.path));
+        at(span, inv.to_string())
+    })?;
+    Ok(cfg)
+}
+
+/// The span of the value at `path`, or of the closest table above it that exists.
+fn locate(doc: &Spanned<DeTable<'_>>, path: &[PathSeg]) -> Option<Range<usize>> {
+    let mut span = doc.span();
+    let mut table = Some(doc.get_ref());
+    let mut value: Option<&Spanned<DeValue<'_>>> = None;
+    for seg in path {
+        let next = match (seg, table, value) {
+            (PathSeg::Key(k), Some(t), _) => t.get(k.as_str()),
+            (PathSeg::Key(k), None, Some(v)) => v.get_ref().get(k.as_str()),
+            (PathSeg::Index(i), _, Some(v)) => v.get_ref().get(*i),
+            _ => None,
+        };
+        match next {
+            Some(v) => {
+                span = v.span();
+                value = Some(v);
+                table = None;
+            }
+            None => break,
+        }
+    }
+    Some(span)
+}
+
+/// 1-based line and column (in characters) of a byte offset.
+fn line_col(text: &str, offset: usize) -> (usize, usize) {
+    let before = &text[..offset.min(text.len())];
+    let line = before.matches('\n').count() + 1;
+    let line_start = before.rfind('\n').map(|i| i + 1).unwrap_or(0);
+    (line, before[line_start..].chars().count() + 1)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const MINIMAL: &str = r#"
+[[pools]]
+name = "main"
+models = ["*"]
+
+[[pools.backends]]
+name = "a"
+url = "http://127.0.0.1:8000"
+"#;
+
+    fn err(text: &str) -> ConfigError {
+        parse("p.toml", text).expect_err("must be rejected")
+    }
+
+    #[test]
+    fn minimal_file_gets_defaults() {
+        let cfg = parse("p.toml", MINIMAL).expect("valid");
+        assert_eq!(cfg.server.listen.to_string(), "127.0.0.1:8080");
+        assert_eq!(cfg.limits.max_body_bytes, 32 << 20);
+        assert_eq!(cfg.pools[0].backends[0].weight, 1);
+    }
+
+    #[test]
+    fn unknown_key_points_at_it() {
+        let e = err(&format!("{MINIMAL}colour = \"red\"\n"));
+        assert_eq!((e.line, e.col), (9, 1), "{e}");
+        assert!(e.message.contains("unknown field `colour`"), "{e}");
+        assert!(e.to_string().starts_with("p.toml:9:1: "), "{e}");
+    }
+
+    #[test]
+    fn bad_value_points_at_the_value() {
+        let e = err(&MINIMAL.replace("http://127.0.0.1:8000", "127.0.0.1:8000"));
+        assert_eq!((e.line, e.col), (8, 7), "{e}");
+        assert!(e.message.contains("must start with http://"), "{e}");
+        let e = err(&format!("[retry]\nbudget_ratio = 1.5\n{MINIMAL}"));
+        assert_eq!((e.line, e.col), (2, 16), "{e}");
+    }
+
+    #[test]
+    fn cross_field_errors_point_at_the_field() {
+        let text = format!("{MINIMAL}\n[[pools.backends]]\nname = \"a\"\nurl = \"http://127.0.0.1:8001\"\n");
+        let e = err(&text);
+        assert_eq!((e.line, e.col), (11, 8), "{e}");
+        assert!(e.message.starts_with("pools[0].backends[1].name: backend \"a\" is already defined"), "{e}");
+
+        let e = err(&format!("[health]\nbase_ejection_ms = 10\nmax_ejection_ms = 5\n{MINIMAL}"));
+        assert_eq!((e.line, e.col), (3, 19), "{e}");
+
+        let e = err(&MINIMAL.replace("[\"*\"]", "[]"));
+        assert_eq!((e.line, e.col), (4, 10), "{e}");
+    }
+
+    #[test]
+    fn missing_parts_fall_back_to_the_closest_table() {
+        let e = err("[server]\nthreads = 2\n");
+        assert!(e.message.starts_with("pools: at least one"), "{e}");
+        let e = err("[[pools]]\nname = \"p\"\nmodels = [\"m\"]\n");
+        assert_eq!((e.line, e.col), (1, 1), "{e}");
+        assert!(e.message.contains("needs [[pools.backends]] or [pools.embedded]"), "{e}");
+    }
+}

@@ -1,0 +1,312 @@
+//! The policy file: what warmpath listens on, which models go to which backend pool, how each
+//! pool routes, and the limits and timeouts around it. Every struct denies unknown keys, values
+//! are checked as they are parsed where one value suffices (so errors point at it), and
+//! [`load`] runs the checks that span several values. Every key is documented in
+//! `docs/policies.md`.
+
+mod load;
+mod types;
+mod validate;
+
+pub use load::{load, parse, ConfigError};
+pub use types::{BackendUrl, Ratio};
+pub use validate::{validate, Invalid, PathSeg};
+
+use std::net::SocketAddr;
+
+use serde::Deserialize;
+
+/// A whole policy file.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Config {
+    #[serde(default)]
+    pub server: ServerConfig,
+    #[serde(default)]
+    pub limits: LimitsConfig,
+    #[serde(default)]
+    pub upstream: UpstreamConfig,
+    #[serde(default)]
+    pub health: HealthConfig,
+    #[serde(default)]
+    pub retry: RetryConfig,
+    #[serde(default)]
+    pub log: LogConfig,
+    #[serde(default)]
+    pub pools: Vec<PoolConfig>,
+}
+
+/// `[server]`: listeners and worker threads.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ServerConfig {
+    /// The API listener (HTTP and, later, WebSocket).
+    pub listen: SocketAddr,
+    /// The admin listener: `/metrics`, `/healthz`, `/readyz`.
+    pub admin: SocketAddr,
+    /// pingora worker threads for the API listener.
+    pub threads: usize,
+    /// Seconds in-flight requests get to finish after SIGTERM.
+    pub grace_period_secs: u64,
+}
+
+impl Default for ServerConfig {
+    fn default() -> Self {
+        ServerConfig {
+            listen: SocketAddr::from(([127, 0, 0, 1], 8080)),
+            admin: SocketAddr::from(([127, 0, 0, 1], 9090)),
+            threads: 2,
+            grace_period_secs: 30,
+        }
+    }
+}
+
+/// `[limits]`: what a client may send.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct LimitsConfig {
+    /// Largest request body in bytes; larger ones get 413.
+    pub max_body_bytes: usize,
+    /// Time from the first byte of a request to its last header byte; slower clients are cut.
+    pub header_read_timeout_ms: u64,
+    /// Time to receive the whole request body once the headers are in (408 past it).
+    pub body_read_timeout_ms: u64,
+}
+
+impl Default for LimitsConfig {
+    fn default() -> Self {
+        LimitsConfig {
+            max_body_bytes: 32 << 20,
+            header_read_timeout_ms: 10_000,
+            body_read_timeout_ms: 60_000,
+        }
+    }
+}
+
+/// `[upstream]`: how warmpath talks to backends.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct UpstreamConfig {
+    /// TCP (and TLS) connect timeout.
+    pub connect_timeout_ms: u64,
+    /// Longest silence between two reads from a backend: it bounds the wait for the first
+    /// token and every gap in a stream, never a stream's total length.
+    pub idle_timeout_ms: u64,
+    /// How long an idle pooled connection is kept; keep it below the backends' keep-alive
+    /// (uvicorn-based servers close idle connections after 5 s).
+    pub pool_idle_timeout_ms: u64,
+    /// Timeout of one `GET /v1/models` fan-out call.
+    pub models_timeout_ms: u64,
+}
+
+impl Default for UpstreamConfig {
+    fn default() -> Self {
+        UpstreamConfig {
+            connect_timeout_ms: 2_000,
+            idle_timeout_ms: 300_000,
+            pool_idle_timeout_ms: 4_000,
+            models_timeout_ms: 2_000,
+        }
+    }
+}
+
+/// `[health]`: active checks and passive ejection.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct HealthConfig {
+    /// Active checks on; off leaves only passive ejection.
+    pub enabled: bool,
+    /// Path probed with `GET`; any 2xx is healthy.
+    pub path: String,
+    pub interval_ms: u64,
+    pub timeout_ms: u64,
+    /// Consecutive failed probes that mark a backend down.
+    pub unhealthy_threshold: u32,
+    /// Consecutive good probes that mark a down backend up again.
+    pub healthy_threshold: u32,
+    /// Consecutive failed requests (connect errors, 5xx, timeouts) that eject a backend.
+    pub eject_after_failures: u32,
+    /// First ejection length; each further ejection doubles it, up to `max_ejection_ms`.
+    pub base_ejection_ms: u64,
+    pub max_ejection_ms: u64,
+}
+
+impl Default for HealthConfig {
+    fn default() -> Self {
+        HealthConfig {
+            enabled: true,
+            path: "/health".to_owned(),
+            interval_ms: 2_000,
+            timeout_ms: 1_000,
+            unhealthy_threshold: 2,
+            healthy_threshold: 1,
+            eject_after_failures: 3,
+            base_ejection_ms: 5_000,
+            max_ejection_ms: 120_000,
+        }
+    }
+}
+
+/// `[retry]`: one more try on another backend when nothing has reached the client yet.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct RetryConfig {
+    /// Most tries per request, the first included (1 turns retries off).
+    pub max_attempts: u32,
+    /// Retries may add at most this fraction of requests on top.
+    pub budget_ratio: Ratio,
+    /// Retries always allowed per second regardless of the ratio (so a quiet proxy can retry).
+    pub min_retries_per_sec: u32,
+}
+
+impl Default for RetryConfig {
+    fn default() -> Self {
+        RetryConfig { max_attempts: 2, budget_ratio: Ratio(0.2), min_retries_per_sec: 5 }
+    }
+}
+
+/// `[log]`.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct LogConfig {
+    pub format: LogFormat,
+    /// A `tracing` filter (`info`, `warmpath=debug,pingora=warn`); `RUST_LOG` overrides it.
+    pub level: String,
+}
+
+impl Default for LogConfig {
+    fn default() -> Self {
+        LogConfig { format: LogFormat::Text, level: "info".to_owned() }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum LogFormat {
+    Text,
+    Json,
+}
+
+/// `[[pools]]`: a set of interchangeable backends serving some models.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PoolConfig {
+    pub name: String,
+    /// Model names routed here; `"*"` takes every model no other pool names.
+    pub models: Vec<String>,
+    #[serde(default)]
+    pub policy: PolicyKind,
+    /// Requests one backend may have in flight; past it the backend is skipped, and when every
+    /// backend is full the client gets 429.
+    #[serde(default = "default_max_inflight")]
+    pub max_inflight_per_backend: usize,
+    #[serde(default)]
+    pub prefix_hash: PrefixHashConfig,
+    #[serde(default)]
+    pub session: SessionConfig,
+    #[serde(default)]
+    pub backends: Vec<BackendConfig>,
+    /// Start bundled engine replicas instead of naming backends.
+    #[serde(default)]
+    pub embedded: Option<EmbeddedConfig>,
+}
+
+fn default_max_inflight() -> usize {
+    256
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum PolicyKind {
+    #[default]
+    RoundRobin,
+    LeastLoad,
+    PrefixHash,
+    Session,
+}
+
+/// `[pools.prefix_hash]`: consistent hashing with bounded load.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct PrefixHashConfig {
+    /// Bytes of the request's leading content that form the key.
+    pub prefix_bytes: usize,
+    /// A backend takes a key only while its in-flight count stays within this factor of the
+    /// pool's mean (the "c" of consistent hashing with bounded loads).
+    pub load_factor: f64,
+    /// Points per unit of weight on the hash ring.
+    pub vnodes: usize,
+}
+
+impl Default for PrefixHashConfig {
+    fn default() -> Self {
+        PrefixHashConfig { prefix_bytes: 4096, load_factor: 1.25, vnodes: 160 }
+    }
+}
+
+/// `[pools.session]`: sticky routing by a session key.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct SessionConfig {
+    /// A sticky backend is left for the next one when its in-flight count exceeds this factor
+    /// of the pool's mean (plus one), or when it is down or full.
+    pub overload_factor: f64,
+}
+
+impl Default for SessionConfig {
+    fn default() -> Self {
+        SessionConfig { overload_factor: 2.0 }
+    }
+}
+
+/// `[[pools.backends]]`: one OpenAI-compatible server.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct BackendConfig {
+    pub name: String,
+    pub url: BackendUrl,
+    #[serde(default = "default_weight")]
+    pub weight: u32,
+}
+
+fn default_weight() -> u32 {
+    1
+}
+
+/// `[pools.embedded]`: bundled `warmpath-engine` replicas started in-process on loopback.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct EmbeddedConfig {
+    pub replicas: usize,
+    /// `micro`, `tiny`, or a llama2.c checkpoint path.
+    pub model: String,
+    pub executor: EmbeddedExecutor,
+    pub kv_blocks: usize,
+    pub max_num_seqs: usize,
+    pub max_model_len: usize,
+    /// Publish KV events (ZMQ) from each replica, for routers that read them.
+    pub kv_events: bool,
+}
+
+impl Default for EmbeddedConfig {
+    fn default() -> Self {
+        EmbeddedConfig {
+            replicas: 2,
+            model: "tiny".to_owned(),
+            executor: EmbeddedExecutor::Llama,
+            kv_blocks: 1024,
+            max_num_seqs: 16,
+            max_model_len: 4096,
+            kv_events: false,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum EmbeddedExecutor {
+    /// The llama forward pass on the CPU.
+    Llama,
+    /// The timing model (no math).
+    Sim,
+}

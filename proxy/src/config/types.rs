@@ -1,0 +1,108 @@
+//! Value types of the policy file that check themselves while they are parsed, so that a bad
+//! value is reported at its own line and column.
+
+use std::fmt;
+
+use serde::{Deserialize, Deserializer};
+
+/// A backend's base URL: `http://host:port` or `https://host:port`, with an optional path
+/// prefix (`http://10.0.0.5:8000/prefix`) that is put in front of every route.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BackendUrl {
+    pub tls: bool,
+    pub host: String,
+    pub port: u16,
+    /// Path prefix without a trailing slash; empty for none.
+    pub base_path: String,
+}
+
+impl BackendUrl {
+    pub fn parse(s: &str) -> Result<BackendUrl, String> {
+        let (tls, rest) = if let Some(r) = s.strip_prefix("http://") {
+            (false, r)
+        } else if let Some(r) = s.strip_prefix("https://") {
+            (true, r)
+        } else {
+            return Err(format!("backend url {s:?} must start with http:// or https://"));
+        };
+        let (authority, path) = match rest.find('/') {
+            Some(i) => (&rest[..i], rest[i..].trim_end_matches('/')),
+            None => (rest, ""),
+        };
+        if authority.is_empty() {
+            return Err(format!("backend url {s:?} has no host"));
+        }
+        if path.contains(['?', '#']) {
+            return Err(format!("backend url {s:?} may not carry a query or fragment"));
+        }
+        let (host, port) = match authority.rsplit_once(':') {
+            Some((h, p)) if !h.ends_with(']') || authority.starts_with('[') => {
+                let port: u16 = p.parse().map_err(|_| format!("backend url {s:?} has a bad port {p:?}"))?;
+                (h.trim_start_matches('[').trim_end_matches(']').to_owned(), port)
+            }
+            _ => (authority.to_owned(), if tls { 443 } else { 80 }),
+        };
+        if host.is_empty() {
+            return Err(format!("backend url {s:?} has no host"));
+        }
+        Ok(BackendUrl { tls, host, port, base_path: path.to_owned() })
+    }
+
+    /// `host:port`, bracketing IPv6 literals.
+    pub fn authority(&self) -> String {
+        if self.host.contains(':') {
+            format!("[{}]:{}", self.host, self.port)
+        } else {
+            format!("{}:{}", self.host, self.port)
+        }
+    }
+}
+
+impl fmt::Display for BackendUrl {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let scheme = if self.tls { "https" } else { "http" };
+        write!(f, "{scheme}://{}{}", self.authority(), self.base_path)
+    }
+}
+
+impl<'de> Deserialize<'de> for BackendUrl {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let s = String::deserialize(d)?;
+        BackendUrl::parse(&s).map_err(serde::de::Error::custom)
+    }
+}
+
+/// A fraction within 0..=1.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Ratio(pub f64);
+
+impl<'de> Deserialize<'de> for Ratio {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let v = f64::deserialize(d)?;
+        if (0.0..=1.0).contains(&v) {
+            Ok(Ratio(v))
+        } else {
+            Err(serde::de::Error::custom(format!("{v} is not a fraction within 0..=1")))
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn urls() {
+        let u = BackendUrl::parse("http://127.0.0.1:8000").expect("ok");
+        assert_eq!((u.tls, u.host.as_str(), u.port, u.base_path.as_str()), (false, "127.0.0.1", 8000, ""));
+        let u = BackendUrl::parse("https://gpu-1.internal/v2/").expect("ok");
+        assert_eq!((u.tls, u.port, u.base_path.as_str()), (true, 443, "/v2"));
+        assert_eq!(u.to_string(), "https://gpu-1.internal:443/v2");
+        let u = BackendUrl::parse("http://[::1]:9000").expect("ok");
+        assert_eq!((u.host.as_str(), u.port), ("::1", 9000));
+        assert_eq!(u.authority(), "[::1]:9000");
+        for bad in ["127.0.0.1:8000", "ftp://x", "http://", "http://h:port", "http://h:1/a?b"] {
+            assert!(BackendUrl::parse(bad).is_err(), "{bad}");
+        }
+    }
+}

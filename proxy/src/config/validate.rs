@@ -1,0 +1,174 @@
+//! Checks that span several values of a parsed policy file. Each failure names the key path,
+//! the value and the reason; [`super::load`] turns the path into a line and column.
+
+use std::collections::HashMap;
+use std::fmt;
+
+use super::{Config, PolicyKind};
+
+/// One step of a key path: a table key or an array index.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum PathSeg {
+    Key(String),
+    Index(usize),
+}
+
+/// A value that is wrong in context.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Invalid {
+    pub path: Vec<PathSeg>,
+    pub message: String,
+}
+
+impl fmt::Display for Invalid {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        for (i, seg) in self.path.iter().enumerate() {
+            match seg {
+                PathSeg::Key(k) if i == 0 => write!(f, "{k}")?,
+                PathSeg::Key(k) => write!(f, ".{k}")?,
+                PathSeg::Index(n) => write!(f, "[{n}]")?,
+            }
+        }
+        write!(f, ": {}", self.message)
+    }
+}
+
+struct Path(Vec<PathSeg>);
+
+impl Path {
+    fn root() -> Path {
+        Path(Vec::new())
+    }
+    fn key(&self, k: &str) -> Path {
+        let mut v = self.0.clone();
+        v.push(PathSeg::Key(k.to_owned()));
+        Path(v)
+    }
+    fn index(&self, i: usize) -> Path {
+        let mut v = self.0.clone();
+        v.push(PathSeg::Index(i));
+        Path(v)
+    }
+    fn err(self, message: impl Into<String>) -> Invalid {
+        Invalid { path: self.0, message: message.into() }
+    }
+}
+
+fn positive(path: Path, v: u64) -> Result<(), Invalid> {
+    if v == 0 {
+        return Err(path.err("must be positive"));
+    }
+    Ok(())
+}
+
+/// Checks what serde cannot see from one value alone.
+pub fn validate(cfg: &Config) -> Result<(), Invalid> {
+    let root = Path::root();
+    let server = root.key("server");
+    if cfg.server.listen == cfg.server.admin {
+        return Err(server.key("admin").err(format!("{} is also the API listener", cfg.server.admin)));
+    }
+    positive(server.key("threads"), cfg.server.threads as u64)?;
+    let limits = root.key("limits");
+    positive(limits.key("max_body_bytes"), cfg.limits.max_body_bytes as u64)?;
+    positive(limits.key("header_read_timeout_ms"), cfg.limits.header_read_timeout_ms)?;
+    positive(limits.key("body_read_timeout_ms"), cfg.limits.body_read_timeout_ms)?;
+    let up = root.key("upstream");
+    positive(up.key("connect_timeout_ms"), cfg.upstream.connect_timeout_ms)?;
+    positive(up.key("idle_timeout_ms"), cfg.upstream.idle_timeout_ms)?;
+    positive(up.key("models_timeout_ms"), cfg.upstream.models_timeout_ms)?;
+    let h = root.key("health");
+    positive(h.key("interval_ms"), cfg.health.interval_ms)?;
+    positive(h.key("timeout_ms"), cfg.health.timeout_ms)?;
+    positive(h.key("unhealthy_threshold"), cfg.health.unhealthy_threshold.into())?;
+    positive(h.key("healthy_threshold"), cfg.health.healthy_threshold.into())?;
+    positive(h.key("eject_after_failures"), cfg.health.eject_after_failures.into())?;
+    positive(h.key("base_ejection_ms"), cfg.health.base_ejection_ms)?;
+    if cfg.health.max_ejection_ms < cfg.health.base_ejection_ms {
+        return Err(h.key("max_ejection_ms").err(format!(
+            "{} is below base_ejection_ms ({})",
+            cfg.health.max_ejection_ms, cfg.health.base_ejection_ms
+        )));
+    }
+    if !cfg.health.path.starts_with('/') {
+        return Err(h.key("path").err(format!("{:?} must start with /", cfg.health.path)));
+    }
+    positive(root.key("retry").key("max_attempts"), cfg.retry.max_attempts.into())?;
+
+    if cfg.pools.is_empty() {
+        return Err(root.key("pools").err("at least one [[pools]] entry is needed"));
+    }
+    let mut pool_names = HashMap::new();
+    let mut model_owner: HashMap<&str, &str> = HashMap::new();
+    let mut backend_names = HashMap::new();
+    for (i, pool) in cfg.pools.iter().enumerate() {
+        let p = root.key("pools").index(i);
+        if pool.name.is_empty() {
+            return Err(p.key("name").err("must not be empty"));
+        }
+        if let Some(j) = pool_names.insert(pool.name.as_str(), i) {
+            return Err(p.key("name").err(format!("pool {:?} is already defined by pools[{j}]", pool.name)));
+        }
+        if pool.models.is_empty() {
+            return Err(p.key("models").err("list at least one model name, or \"*\""));
+        }
+        for (k, m) in pool.models.iter().enumerate() {
+            if m.is_empty() {
+                return Err(p.key("models").index(k).err("must not be empty"));
+            }
+            if let Some(other) = model_owner.insert(m, &pool.name) {
+                return Err(p
+                    .key("models")
+                    .index(k)
+                    .err(format!("model {m:?} is already routed to pool {other:?}")));
+            }
+        }
+        positive(p.key("max_inflight_per_backend"), pool.max_inflight_per_backend as u64)?;
+        match (&pool.embedded, pool.backends.is_empty()) {
+            (Some(_), false) => {
+                return Err(p
+                    .key("embedded")
+                    .err("a pool has either [[pools.backends]] or [pools.embedded], not both"))
+            }
+            (None, true) => return Err(p.err("a pool needs [[pools.backends]] or [pools.embedded]")),
+            (Some(e), true) => {
+                let ep = p.key("embedded");
+                positive(ep.key("replicas"), e.replicas as u64)?;
+                positive(ep.key("kv_blocks"), e.kv_blocks as u64)?;
+                positive(ep.key("max_num_seqs"), e.max_num_seqs as u64)?;
+                positive(ep.key("max_model_len"), e.max_model_len as u64)?;
+            }
+            (None, false) => {}
+        }
+        for (k, b) in pool.backends.iter().enumerate() {
+            let bp = p.key("backends").index(k);
+            if b.name.is_empty() {
+                return Err(bp.key("name").err("must not be empty"));
+            }
+            if let Some((pi, bi)) = backend_names.insert(b.name.as_str(), (i, k)) {
+                return Err(bp
+                    .key("name")
+                    .err(format!("backend {:?} is already defined by pools[{pi}].backends[{bi}]", b.name)));
+            }
+            positive(bp.key("weight"), b.weight.into())?;
+        }
+        if pool.policy == PolicyKind::PrefixHash {
+            let ph = p.key("prefix_hash");
+            positive(ph.key("prefix_bytes"), pool.prefix_hash.prefix_bytes as u64)?;
+            positive(ph.key("vnodes"), pool.prefix_hash.vnodes as u64)?;
+        }
+        if pool.prefix_hash.load_factor.is_nan() || pool.prefix_hash.load_factor < 1.0 {
+            return Err(p.key("prefix_hash").key("load_factor").err(format!(
+                "{} must be at least 1.0 (1.0 allows no imbalance at all)",
+                pool.prefix_hash.load_factor
+            )));
+        }
+        if pool.session.overload_factor.is_nan() || pool.session.overload_factor < 1.0 {
+            return Err(p
+                .key("session")
+                .key("overload_factor")
+                .err(format!("{} must be at least 1.0", pool.session.overload_factor)));
+        }
+    }
+    Ok(())
+}

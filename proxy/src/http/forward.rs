@@ -1,0 +1,378 @@
+//! One LLM request through the proxy: read and parse the body, pick a pool and a backend, send
+//! the client's bytes, relay the answer. A backend that fails before anything reached the client
+//! (no connection, a broken connection, a 5xx, silence past the idle timeout) is counted against
+//! its health and the request tries another one, within `retry.max_attempts` and the retry
+//! budget. Once bytes reached the client there is no retry: a broken stream ends with an error
+//! event instead.
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use bytes::{Bytes, BytesMut};
+use http::header::{self, HeaderName};
+use pingora::http::{RequestHeader, ResponseHeader};
+use pingora::protocols::http::client::HttpSession;
+use pingora::proxy::Session;
+use warmpath_wire::openai::ApiError;
+
+use super::body::{read_body, BodyError};
+use super::client::{request_header, FailKind};
+use super::relay::{client_gone, end_stream_with_error, pump, Pumped, Tail};
+use super::request::{LlmRequest, LlmRoute};
+use super::respond::{self, send_error};
+use super::{AppState, RequestCtx};
+use crate::route::{Backend, Ejection, NoBackend, Pool, Selected};
+
+/// Most bytes of a 5xx body kept to hand to the client if no retry succeeds.
+const MAX_ERROR_BODY: usize = 1 << 20;
+
+/// Hop-by-hop headers (RFC 9110 §7.6.1) and the ones warmpath sets itself.
+fn skip_request_header(name: &HeaderName) -> bool {
+    matches!(
+        name.as_str(),
+        "connection"
+            | "keep-alive"
+            | "proxy-connection"
+            | "te"
+            | "trailer"
+            | "transfer-encoding"
+            | "upgrade"
+            | "host"
+            | "content-length"
+            | "expect"
+            | "proxy-authorization"
+    )
+}
+
+fn skip_response_header(name: &HeaderName) -> bool {
+    matches!(
+        name.as_str(),
+        "connection"
+            | "keep-alive"
+            | "proxy-connection"
+            | "te"
+            | "trailer"
+            | "transfer-encoding"
+            | "upgrade"
+            | "date"
+            | "content-length"
+    )
+}
+
+/// Why an attempt did not produce the client's answer.
+#[derive(Debug)]
+enum Failure {
+    Io(FailKind),
+    Status { header: Box<ResponseHeader>, body: Bytes },
+}
+
+impl Failure {
+    fn label(&self) -> &'static str {
+        match self {
+            Failure::Io(k) => k.label(),
+            Failure::Status { .. } => "status_5xx",
+        }
+    }
+}
+
+enum Attempt {
+    /// The client has its answer (or is gone): stop.
+    Done,
+    /// Nothing reached the client; another backend may try.
+    Failed(Failure),
+}
+
+pub async fn serve(
+    state: &AppState,
+    session: &mut Session,
+    ctx: &mut RequestCtx,
+    route: LlmRoute,
+) -> pingora::Result<()> {
+    let limits = &state.cfg.limits;
+    let deadline = std::time::Duration::from_millis(limits.body_read_timeout_ms);
+    let body = match read_body(session, limits.max_body_bytes, deadline).await {
+        Ok(b) => b,
+        Err(BodyError::Reject(e)) => {
+            let reason = if e.status == 413 { "too_large" } else { "body_timeout" };
+            return reject(state, session, ctx, &e, reason).await;
+        }
+        Err(BodyError::ClientGone) => {
+            state.metrics.client_disconnects.inc();
+            ctx.status = 499;
+            return Ok(());
+        }
+    };
+    state.metrics.request_bytes.observe(body.len() as f64);
+    let parsed = match LlmRequest::parse(route, &body) {
+        Ok(p) => p,
+        Err(e) => return reject(state, session, ctx, &e, "bad_request").await,
+    };
+    let Some(pool) = state.router.pool_for(parsed.model()) else {
+        let e = ApiError::model_not_found(parsed.model());
+        return reject(state, session, ctx, &e, "model_not_found").await;
+    };
+    let session_header = session.req_header().headers.get("x-session-id").and_then(|v| v.to_str().ok());
+    let key = parsed.route_key(pool, session_header);
+    drop(parsed);
+    let template = upstream_template(session.req_header());
+
+    pool.budget.deposit();
+    let mut tried = Vec::new();
+    let mut last: Option<Failure> = None;
+    for attempt in 1..=state.cfg.retry.max_attempts {
+        if let Some(prev) = &last {
+            if !pool.budget.try_withdraw(Instant::now()) {
+                state.metrics.retry_budget_exhausted.with_label_values(&[&pool.name]).inc();
+                break;
+            }
+            state.metrics.retries.with_label_values(&[&pool.name, prev.label()]).inc();
+        }
+        let sel = match pool.select(&key, &tried, &state.metrics) {
+            Ok(s) => s,
+            Err(_) if last.is_some() => break,
+            Err(NoBackend::Saturated) => {
+                return reject(state, session, ctx, &respond::overloaded(&pool.name), "overloaded").await
+            }
+            Err(NoBackend::Unavailable) => {
+                return reject(state, session, ctx, &respond::no_backend(&pool.name), "no_backend").await
+            }
+        };
+        tried.push(sel.index);
+        let backend = sel.backend().clone();
+        ctx.backend = Some(backend.name.clone());
+        let mut route_hdr = format!("{}; reason={}", pool.policy.name(), sel.reason);
+        if attempt > 1 {
+            route_hdr.push_str(&format!("; attempt={attempt}"));
+        }
+        match try_backend(state, session, ctx, route, pool, &sel, &template, &body, &route_hdr).await? {
+            Attempt::Done => return Ok(()),
+            Attempt::Failed(f) => {
+                note_failure(state, pool, &backend, f.label());
+                tracing::warn!(backend = %backend.name, attempt, failure = f.label(), "backend attempt failed");
+                last = Some(f);
+            }
+        }
+    }
+    // Every attempt failed before anything reached the client.
+    match last {
+        Some(Failure::Status { header, body }) => {
+            let mut resp = copy_response_header(&header, ctx.backend.as_deref().unwrap_or(""), "exhausted")?;
+            resp.insert_header(header::CONTENT_LENGTH, body.len().to_string())?;
+            ctx.status = resp.status.as_u16();
+            session.write_response_header(Box::new(resp), body.is_empty()).await?;
+            if !body.is_empty() {
+                session.write_response_body(Some(body), true).await?;
+            }
+            Ok(())
+        }
+        Some(Failure::Io(kind)) => {
+            let (status, what) = match kind {
+                FailKind::Timeout => (504, "the backend did not answer within the idle timeout"),
+                FailKind::Connect => (502, "could not connect to a backend"),
+                FailKind::Io => (502, "the backend connection failed before a response"),
+            };
+            let e = respond::upstream_failed(status, what);
+            let hdrs = [("x-warmpath-backend", ctx.backend.clone().unwrap_or_default())];
+            ctx.status = status;
+            state.metrics.rejections.with_label_values(&["upstream_failed"]).inc();
+            send_error(session, &e, &hdrs).await
+        }
+        None => reject(state, session, ctx, &respond::no_backend(&pool.name), "no_backend").await,
+    }
+}
+
+fn note_failure(state: &AppState, pool: &Pool, backend: &Arc<Backend>, kind: &str) {
+    state.metrics.upstream_errors.with_label_values(&[&backend.name, kind]).inc();
+    if let Ejection::Ejected(d) = backend.record_failure(&state.cfg.health, Instant::now()) {
+        state.metrics.ejections.with_label_values(&[&pool.name, &backend.name]).inc();
+        tracing::warn!(backend = %backend.name, ejected_for = ?d, "backend ejected after consecutive failures");
+    }
+}
+
+async fn reject(
+    state: &AppState,
+    session: &mut Session,
+    ctx: &mut RequestCtx,
+    e: &ApiError,
+    reason: &str,
+) -> pingora::Result<()> {
+    state.metrics.rejections.with_label_values(&[reason]).inc();
+    ctx.status = e.status;
+    send_error(session, e, &[]).await
+}
+
+/// The client's path and headers, minus what is per hop; `Host` and the body length are set
+/// per backend.
+struct Template {
+    path: Vec<u8>,
+    method: http::Method,
+    headers: Vec<(HeaderName, http::HeaderValue)>,
+}
+
+fn upstream_template(req: &RequestHeader) -> Template {
+    let headers = req
+        .headers
+        .iter()
+        .filter(|(n, _)| !skip_request_header(n))
+        .map(|(n, v)| (n.clone(), v.clone()))
+        .collect();
+    Template { path: req.raw_path().to_vec(), method: req.method.clone(), headers }
+}
+
+fn build_request(t: &Template, backend: &Backend, body_len: usize) -> pingora::Result<RequestHeader> {
+    let mut path = Vec::with_capacity(backend.url.base_path.len() + t.path.len());
+    path.extend_from_slice(backend.url.base_path.as_bytes());
+    path.extend_from_slice(&t.path);
+    let mut req = request_header(t.method.as_str(), &path, backend)?;
+    for (n, v) in &t.headers {
+        req.append_header(n.clone(), v.clone())?;
+    }
+    req.insert_header(header::CONTENT_LENGTH, body_len.to_string())?;
+    Ok(req)
+}
+
+/// What the client sees of the backend's header: everything but hop-by-hop fields, plus
+/// warmpath's own; chunked framing where the backend gave no length.
+fn copy_response_header(up: &ResponseHeader, backend: &str, route: &str) -> pingora::Result<ResponseHeader> {
+    let mut resp = ResponseHeader::build(up.status, Some(up.headers.len() + 3))?;
+    for (n, v) in up.headers.iter().filter(|(n, _)| !skip_response_header(n)) {
+        resp.append_header(n.clone(), v.clone())?;
+    }
+    resp.insert_header("x-warmpath-backend", backend)?;
+    resp.insert_header("x-warmpath-route", route)?;
+    Ok(resp)
+}
+
+enum Sent {
+    Header,
+    ClientGone,
+}
+
+/// Sends the request and waits for the response header, watching the client meanwhile.
+async fn send(
+    up: &mut HttpSession,
+    req: RequestHeader,
+    body: &Bytes,
+    session: &mut Session,
+) -> pingora::Result<Sent> {
+    up.write_request_header(Box::new(req)).await?;
+    up.write_request_body(body.clone(), true).await?;
+    up.finish_request_body().await?;
+    tokio::select! {
+        r = up.read_response_header() => r.map(|()| Sent::Header),
+        _ = client_gone(session) => Ok(Sent::ClientGone),
+    }
+}
+
+#[allow(clippy::too_many_arguments)]
+async fn try_backend(
+    state: &AppState,
+    session: &mut Session,
+    ctx: &mut RequestCtx,
+    route: LlmRoute,
+    pool: &Pool,
+    sel: &Selected,
+    template: &Template,
+    body: &Bytes,
+    route_hdr: &str,
+) -> pingora::Result<Attempt> {
+    let backend = sel.backend();
+    let connector = &state.upstream.connector;
+    // A pooled connection the backend closed while idle fails at once; one fresh connection
+    // to the same backend does not count as a retry.
+    let mut may_redial = true;
+    let mut up = loop {
+        let (mut up, reused) = match connector.get_http_session(&backend.peer).await {
+            Ok(x) => x,
+            Err(e) => return Ok(Attempt::Failed(Failure::Io(FailKind::of(&e)))),
+        };
+        let req = build_request(template, backend, body.len())?;
+        match send(&mut up, req, body, session).await {
+            Ok(Sent::Header) => break up,
+            Ok(Sent::ClientGone) => {
+                state.metrics.client_disconnects.inc();
+                ctx.status = 499;
+                return Ok(Attempt::Done);
+            }
+            Err(e) if reused && may_redial && FailKind::of(&e) == FailKind::Io => {
+                may_redial = false;
+                tracing::debug!(backend = %backend.name, error = %e, "stale pooled connection; redialling");
+            }
+            Err(e) => return Ok(Attempt::Failed(Failure::Io(FailKind::of(&e)))),
+        }
+    };
+    let Some(up_header) = up.response_header().cloned() else {
+        return Ok(Attempt::Failed(Failure::Io(FailKind::Io)));
+    };
+    let status = up_header.status.as_u16();
+    if status >= 500 {
+        let mut buf = BytesMut::new();
+        loop {
+            match up.read_response_body().await {
+                Ok(Some(b)) if buf.len() + b.len() <= MAX_ERROR_BODY => buf.extend_from_slice(&b),
+                Ok(Some(_)) => break,
+                Ok(None) => {
+                    state.upstream.release(up, backend).await;
+                    break;
+                }
+                Err(e) => return Ok(Attempt::Failed(Failure::Io(FailKind::of(&e)))),
+            }
+        }
+        return Ok(Attempt::Failed(Failure::Status { header: Box::new(up_header), body: buf.freeze() }));
+    }
+
+    let mut resp = copy_response_header(&up_header, &backend.name, route_hdr)?;
+    match up_header.headers.get(header::CONTENT_LENGTH) {
+        Some(len) => resp.insert_header(header::CONTENT_LENGTH, len.clone())?,
+        None => resp.insert_header(header::TRANSFER_ENCODING, "chunked")?,
+    }
+    let sse = up_header
+        .headers
+        .get(header::CONTENT_TYPE)
+        .is_some_and(|v| v.as_bytes().starts_with(b"text/event-stream"));
+    ctx.status = status;
+    if session.write_response_header(Box::new(resp), false).await.is_err() {
+        state.metrics.client_disconnects.inc();
+        return Ok(Attempt::Done);
+    }
+    let mut tail = Tail::default();
+    match pump(&mut up, session, &mut ctx.first_byte, &mut tail).await {
+        Pumped::Complete if sse && route.ends_with_done() && status == 200 && !tail.saw_done() => {
+            // Complete at the HTTP level but not as a stream: the client could not tell it
+            // from a truncated answer, so it gets the error event a cut stream gets.
+            note_failure(state, pool, backend, "stream_cut");
+            tracing::warn!(backend = %backend.name, "backend ended an SSE stream without data: [DONE]");
+            let _ =
+                end_stream_with_error(session, route, &tail, "the backend ended the stream without [DONE]")
+                    .await;
+        }
+        Pumped::Complete => {
+            backend.record_success(&state.cfg.health, Instant::now());
+            if up.response_done() {
+                state.upstream.release(up, backend).await;
+            }
+            if session.write_response_body(None, true).await.is_err() {
+                state.metrics.client_disconnects.inc();
+                ctx.client_gone = true;
+            }
+        }
+        Pumped::ClientGone => {
+            // Dropping `up` closes the backend connection, which cancels the generation.
+            state.metrics.client_disconnects.inc();
+            ctx.client_gone = true;
+        }
+        Pumped::UpstreamCut(kind) => {
+            note_failure(state, pool, backend, "stream_cut");
+            tracing::warn!(backend = %backend.name, failure = kind.label(), "backend stream broke after the first byte");
+            if sse {
+                let msg = format!("the backend's stream broke off ({})", kind.label());
+                let _ = end_stream_with_error(session, route, &tail, &msg).await;
+            } else {
+                // A body with a length cannot be ended early honestly: close the connection.
+                session.set_keepalive(None);
+                ctx.truncated = true;
+            }
+        }
+    }
+    Ok(Attempt::Done)
+}

@@ -1,0 +1,58 @@
+//! `GET /v1/models`: the union of what every backend that takes traffic lists, keeping each
+//! backend's own entry (vLLM's `max_model_len` and the like), and only the models warmpath
+//! would route to that backend's pool.
+
+use std::collections::HashSet;
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use pingora::proxy::Session;
+use serde_json::Value;
+
+use super::client::get;
+use super::respond::{send_error, send_json};
+use super::{AppState, RequestCtx};
+
+pub async fn serve(state: &AppState, session: &mut Session, ctx: &mut RequestCtx) -> pingora::Result<()> {
+    let timeout = Duration::from_millis(state.cfg.upstream.models_timeout_ms);
+    let now = Instant::now();
+    let calls = state.router.backends().filter(|b| b.is_up(now)).map(|b| async move {
+        let r = get(&state.upstream, b, "/v1/models", timeout).await;
+        (b, r)
+    });
+    let results = futures_util::future::join_all(calls).await;
+    let mut seen = HashSet::new();
+    let mut data = Vec::new();
+    let mut answered = 0;
+    for (b, r) in results {
+        let body = match r {
+            Ok((200, body)) => body,
+            Ok((status, _)) => {
+                tracing::warn!(backend = %b.name, status, "GET /v1/models failed");
+                continue;
+            }
+            Err(e) => {
+                tracing::warn!(backend = %b.name, error = %e, "GET /v1/models failed");
+                continue;
+            }
+        };
+        let Ok(list) = serde_json::from_slice::<Value>(&body) else { continue };
+        answered += 1;
+        for m in list.get("data").and_then(Value::as_array).into_iter().flatten() {
+            let Some(id) = m.get("id").and_then(Value::as_str) else { continue };
+            let routed_here = state.router.pool_for(id).is_some_and(|p| p.name == b.pool);
+            if routed_here && seen.insert(id.to_owned()) {
+                data.push(m.clone());
+            }
+        }
+    }
+    if answered == 0 {
+        ctx.status = 503;
+        let e = warmpath_wire::openai::ApiError::unavailable("no backend answered GET /v1/models")
+            .with_code("no_healthy_backend");
+        return send_error(session, &e, &[]).await;
+    }
+    ctx.status = 200;
+    let body = serde_json::json!({ "object": "list", "data": data }).to_string();
+    send_json(session, 200, Bytes::from(body), &[]).await
+}

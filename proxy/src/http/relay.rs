@@ -1,0 +1,145 @@
+//! Relaying a backend's response body to the client chunk by chunk, as it arrives, while
+//! watching for the client to leave; and ending a broken stream cleanly with an error event.
+
+use std::time::Instant;
+
+use bytes::Bytes;
+use pingora::protocols::http::client::HttpSession;
+use pingora::proxy::Session;
+use warmpath_wire::openai::ApiError;
+
+use super::client::FailKind;
+use super::request::LlmRoute;
+
+/// How a relay ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Pumped {
+    /// The backend's body ended cleanly and all of it was written to the client; the caller
+    /// ends the client's body (or appends an error event first).
+    Complete,
+    /// The client went away (or its connection broke) before the end.
+    ClientGone,
+    /// The backend's body broke off.
+    UpstreamCut(FailKind),
+}
+
+/// Resolves when the client closes its connection (an H1 read returning EOF or an error);
+/// stays pending otherwise, including when the client pipelines more bytes.
+pub async fn client_gone(session: &mut Session) {
+    if session.read_body_or_idle(true).await.is_err() {
+        return;
+    }
+    std::future::pending::<()>().await
+}
+
+/// The last bytes relayed, to tell where the stream stopped.
+#[derive(Debug, Default)]
+pub struct Tail {
+    buf: Vec<u8>,
+}
+
+impl Tail {
+    const KEEP: usize = 32;
+
+    fn push(&mut self, b: &[u8]) {
+        self.buf.extend_from_slice(&b[b.len().saturating_sub(Self::KEEP)..]);
+        let excess = self.buf.len().saturating_sub(Self::KEEP);
+        self.buf.drain(..excess);
+    }
+
+    /// The stream stopped between two events (or before the first).
+    pub fn at_event_boundary(&self) -> bool {
+        self.buf.is_empty() || self.buf.ends_with(b"\n\n") || self.buf.ends_with(b"\r\n\r\n")
+    }
+
+    /// The last event was `data: [DONE]`.
+    pub fn saw_done(&self) -> bool {
+        let t = self.buf.strip_suffix(b"\n\n").or_else(|| self.buf.strip_suffix(b"\r\n\r\n")).unwrap_or(&[]);
+        t.ends_with(b"data: [DONE]") || t.ends_with(b"data:[DONE]")
+    }
+}
+
+/// Copies the body from `up` to the client. `first_byte` is set when the first chunk is sent.
+pub async fn pump(
+    up: &mut HttpSession,
+    session: &mut Session,
+    first_byte: &mut Option<Instant>,
+    tail: &mut Tail,
+) -> Pumped {
+    loop {
+        let chunk = tokio::select! {
+            r = up.read_response_body() => r,
+            _ = client_gone(session) => return Pumped::ClientGone,
+        };
+        match chunk {
+            Ok(Some(bytes)) => {
+                if bytes.is_empty() {
+                    continue;
+                }
+                tail.push(&bytes);
+                if session.write_response_body(Some(bytes), false).await.is_err() {
+                    return Pumped::ClientGone;
+                }
+                first_byte.get_or_insert_with(Instant::now);
+            }
+            Ok(None) => return Pumped::Complete,
+            Err(e) => return Pumped::UpstreamCut(FailKind::of(&e)),
+        }
+    }
+}
+
+/// Ends an SSE stream whose backend failed: a terminal error event the OpenAI SDKs raise as an
+/// `APIError`, then `data: [DONE]` on routes that use it, then the end of the body.
+pub async fn end_stream_with_error(
+    session: &mut Session,
+    route: LlmRoute,
+    tail: &Tail,
+    message: &str,
+) -> pingora::Result<()> {
+    let mut err = ApiError::internal(message.to_owned()).with_code("upstream_stream_error");
+    err.status = 502;
+    let mut out = String::new();
+    if !tail.at_event_boundary() {
+        out.push_str("\n\n");
+    }
+    let data = match route {
+        // Responses streams carry typed events; the SDK reads `type: error`.
+        LlmRoute::Responses => serde_json::json!({
+            "type": "error",
+            "code": "upstream_stream_error",
+            "message": message,
+            "param": null,
+            "error": err.body.error,
+        }),
+        _ => serde_json::to_value(&err.body).unwrap_or_default(),
+    };
+    out.push_str("event: error\ndata: ");
+    out.push_str(&data.to_string());
+    out.push_str("\n\n");
+    if route.ends_with_done() {
+        out.push_str("data: [DONE]\n\n");
+    }
+    session.write_response_body(Some(Bytes::from(out)), true).await
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tail_tracks_the_end() {
+        let mut t = Tail::default();
+        assert!(t.at_event_boundary() && !t.saw_done());
+        t.push(b"data: {\"a\":1}\n\ndata: {\"b\"");
+        assert!(!t.at_event_boundary());
+        t.push(b":2}\n\n");
+        assert!(t.at_event_boundary() && !t.saw_done());
+        t.push(b"data: [DO");
+        t.push(b"NE]\n\n");
+        assert!(t.saw_done());
+        let mut long = Tail::default();
+        long.push(&[b'x'; 100]);
+        long.push(b"\n\n");
+        assert_eq!(long.buf.len(), Tail::KEEP);
+    }
+}

@@ -1,0 +1,17 @@
+//! warmpath: a cache-aware sidecar proxy for OpenAI-compatible LLM servers, on pingora.
+//!
+//! A request goes through the stages in this order, each a module that owns its state:
+//! [`http`] (pingora phases: read and parse the body, relay the answer) → [`route`] (model →
+//! pool → policy → backend, health, retries) → the backend → [`http::relay`] back to the
+//! client, with [`observe`] counting along the way. [`config`] is the policy file,
+//! [`embedded`] starts bundled engine replicas, [`limits`] holds the connection-level limits
+//! pingora lacks, and [`server`] assembles the process. See `docs/ARCHITECTURE.md`.
+
+pub mod cli;
+pub mod config;
+pub mod embedded;
+pub mod http;
+pub mod limits;
+pub mod observe;
+pub mod route;
+pub mod server;

@@ -1,0 +1,5 @@
+//! `warmpath`: see [`warmpath::cli`].
+
+fn main() -> std::process::ExitCode {
+    warmpath::cli::main()
+}

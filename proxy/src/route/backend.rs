@@ -1,0 +1,270 @@
+//! One backend server: its address, in-flight count, and health (active probes and passive
+//! ejection). The state is a small std mutex held for a few instructions, never across an await.
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+use pingora::upstreams::peer::HttpPeer;
+use prometheus::IntGauge;
+
+use crate::config::{BackendUrl, HealthConfig};
+
+/// Health bookkeeping of one backend.
+#[derive(Debug, Default)]
+struct Health {
+    /// Marked down by active probes.
+    probe_down: bool,
+    probe_fails: u32,
+    probe_oks: u32,
+    /// Consecutive failed requests.
+    failures: u32,
+    ejected_until: Option<Instant>,
+    /// Ejections in a row without a quiet period between them; doubles the next ejection.
+    ejections: u32,
+}
+
+impl Health {
+    /// Within `max_ejection_ms` after the last ejection ended: one failure ejects again.
+    fn on_probation(&self, cfg: &HealthConfig, now: Instant) -> bool {
+        let quiet = Duration::from_millis(cfg.max_ejection_ms);
+        self.ejected_until.is_some_and(|t| now.saturating_duration_since(t) < quiet)
+    }
+}
+
+/// What the passive side decided about a failure.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Ejection {
+    None,
+    Ejected(Duration),
+}
+
+#[derive(Debug)]
+pub struct Backend {
+    pub name: String,
+    pub pool: String,
+    pub url: BackendUrl,
+    pub weight: u32,
+    /// The connection template (resolved address, TLS, timeouts).
+    pub peer: HttpPeer,
+    inflight: AtomicUsize,
+    health: Mutex<Health>,
+    inflight_gauge: IntGauge,
+    up_gauge: IntGauge,
+}
+
+impl Backend {
+    pub fn new(
+        name: String,
+        pool: String,
+        url: BackendUrl,
+        weight: u32,
+        peer: HttpPeer,
+        inflight_gauge: IntGauge,
+        up_gauge: IntGauge,
+    ) -> Backend {
+        up_gauge.set(1);
+        Backend {
+            name,
+            pool,
+            url,
+            weight,
+            peer,
+            inflight: AtomicUsize::new(0),
+            health: Mutex::new(Health::default()),
+            inflight_gauge,
+            up_gauge,
+        }
+    }
+
+    fn health(&self) -> MutexGuard<'_, Health> {
+        // A panic while holding this lock leaves plain counters behind; keep using them.
+        self.health.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    pub fn inflight(&self) -> usize {
+        self.inflight.load(Ordering::Relaxed)
+    }
+
+    /// Takes traffic now: not marked down by probes and not ejected.
+    pub fn is_up(&self, now: Instant) -> bool {
+        let h = self.health();
+        !h.probe_down && h.ejected_until.is_none_or(|t| now >= t)
+    }
+
+    /// Reserves one in-flight slot unless `cap` are taken.
+    pub fn try_acquire(self: &Arc<Self>, cap: usize, total: &IntGauge) -> Option<InflightGuard> {
+        self.inflight
+            .fetch_update(Ordering::AcqRel, Ordering::Relaxed, |n| (n < cap).then_some(n + 1))
+            .ok()?;
+        self.inflight_gauge.inc();
+        total.inc();
+        Some(InflightGuard { backend: self.clone(), total: total.clone() })
+    }
+
+    /// A request completed without a backend fault.
+    pub fn record_success(&self, cfg: &HealthConfig, now: Instant) {
+        let mut h = self.health();
+        h.failures = 0;
+        if h.ejections > 0 && !h.on_probation(cfg, now) {
+            h.ejections = 0;
+        }
+    }
+
+    /// A request failed because of the backend (connect error, 5xx, timeout, cut stream).
+    /// After `eject_after_failures` in a row — or one, right after an ejection ended — the
+    /// backend is ejected for `base × 2^(ejections-1)`, at most `max_ejection_ms`.
+    pub fn record_failure(&self, cfg: &HealthConfig, now: Instant) -> Ejection {
+        let mut h = self.health();
+        if h.ejected_until.is_some_and(|t| now < t) {
+            return Ejection::None; // already out; a request that raced the ejection
+        }
+        h.failures += 1;
+        let on_probation = h.ejections > 0 && h.on_probation(cfg, now);
+        if h.failures < cfg.eject_after_failures && !on_probation {
+            return Ejection::None;
+        }
+        h.ejections = if on_probation { h.ejections + 1 } else { 1 };
+        let factor = 1u64 << (h.ejections - 1).min(20);
+        let d = Duration::from_millis(cfg.base_ejection_ms.saturating_mul(factor).min(cfg.max_ejection_ms));
+        h.ejected_until = Some(now + d);
+        h.failures = 0;
+        drop(h);
+        self.up_gauge.set(0);
+        Ejection::Ejected(d)
+    }
+
+    /// An active probe's result; returns the new probe state (`true` = up) when it changed.
+    pub fn record_probe(&self, ok: bool, cfg: &HealthConfig) -> Option<bool> {
+        let mut h = self.health();
+        if ok {
+            h.probe_fails = 0;
+            h.probe_oks += 1;
+            (h.probe_down && h.probe_oks >= cfg.healthy_threshold).then(|| {
+                h.probe_down = false;
+                true
+            })
+        } else {
+            h.probe_oks = 0;
+            h.probe_fails += 1;
+            (!h.probe_down && h.probe_fails >= cfg.unhealthy_threshold).then(|| {
+                h.probe_down = true;
+                false
+            })
+        }
+    }
+
+    /// Brings the `warmpath_backend_up` gauge in line with the state (ejections end by time).
+    pub fn refresh_gauge(&self, now: Instant) {
+        self.up_gauge.set(i64::from(self.is_up(now)));
+    }
+}
+
+/// One in-flight slot on a backend, released on drop whatever path the request took.
+#[derive(Debug)]
+pub struct InflightGuard {
+    backend: Arc<Backend>,
+    total: IntGauge,
+}
+
+impl InflightGuard {
+    pub fn backend(&self) -> &Arc<Backend> {
+        &self.backend
+    }
+}
+
+impl Drop for InflightGuard {
+    fn drop(&mut self) {
+        self.backend.inflight.fetch_sub(1, Ordering::AcqRel);
+        self.backend.inflight_gauge.dec();
+        self.total.dec();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn backend() -> Arc<Backend> {
+        let url = BackendUrl::parse("http://127.0.0.1:1").expect("url");
+        let peer = HttpPeer::new("127.0.0.1:1", false, String::new());
+        Arc::new(Backend::new(
+            "b".into(),
+            "p".into(),
+            url,
+            1,
+            peer,
+            IntGauge::new("i", "i").expect("g"),
+            IntGauge::new("u", "u").expect("g"),
+        ))
+    }
+
+    fn cfg() -> HealthConfig {
+        HealthConfig {
+            eject_after_failures: 3,
+            base_ejection_ms: 1000,
+            max_ejection_ms: 8000,
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn ejection_grows_and_ends() {
+        let (b, cfg) = (backend(), cfg());
+        let t0 = Instant::now();
+        assert_eq!(b.record_failure(&cfg, t0), Ejection::None);
+        assert_eq!(b.record_failure(&cfg, t0), Ejection::None);
+        assert_eq!(b.record_failure(&cfg, t0), Ejection::Ejected(Duration::from_secs(1)));
+        assert!(!b.is_up(t0));
+        let t1 = t0 + Duration::from_millis(1001);
+        assert!(b.is_up(t1), "re-admitted when the ejection ends");
+        // On probation: one failure ejects again, for twice as long.
+        assert_eq!(b.record_failure(&cfg, t1), Ejection::Ejected(Duration::from_secs(2)));
+        let t2 = t1 + Duration::from_secs(3);
+        assert_eq!(b.record_failure(&cfg, t2), Ejection::Ejected(Duration::from_secs(4)));
+        let t3 = t2 + Duration::from_secs(5);
+        assert_eq!(b.record_failure(&cfg, t3), Ejection::Ejected(Duration::from_secs(8)));
+        let t4 = t3 + Duration::from_secs(9);
+        assert_eq!(b.record_failure(&cfg, t4), Ejection::Ejected(Duration::from_secs(8)), "capped");
+        // A quiet period as long as the longest ejection forgets the history.
+        let t5 = t4 + Duration::from_secs(30);
+        b.record_success(&cfg, t5);
+        assert_eq!(b.record_failure(&cfg, t5), Ejection::None);
+    }
+
+    #[test]
+    fn success_resets_the_failure_run() {
+        let (b, cfg) = (backend(), cfg());
+        let t = Instant::now();
+        b.record_failure(&cfg, t);
+        b.record_failure(&cfg, t);
+        b.record_success(&cfg, t);
+        assert_eq!(b.record_failure(&cfg, t), Ejection::None);
+        assert!(b.is_up(t));
+    }
+
+    #[test]
+    fn probes_use_thresholds() {
+        let b = backend();
+        let cfg = HealthConfig { unhealthy_threshold: 2, healthy_threshold: 2, ..Default::default() };
+        let now = Instant::now();
+        assert_eq!(b.record_probe(false, &cfg), None);
+        assert_eq!(b.record_probe(false, &cfg), Some(false));
+        assert!(!b.is_up(now));
+        assert_eq!(b.record_probe(true, &cfg), None);
+        assert_eq!(b.record_probe(true, &cfg), Some(true));
+        assert!(b.is_up(now));
+    }
+
+    #[test]
+    fn inflight_cap_and_release() {
+        let b = backend();
+        let total = IntGauge::new("t", "t").expect("g");
+        let g1 = b.try_acquire(2, &total).expect("slot");
+        let _g2 = b.try_acquire(2, &total).expect("slot");
+        assert!(b.try_acquire(2, &total).is_none());
+        assert_eq!((b.inflight(), total.get()), (2, 2));
+        drop(g1);
+        assert_eq!((b.inflight(), total.get()), (1, 1));
+    }
+}

@@ -1,0 +1,67 @@
+//! Active health checks: every `interval_ms`, `GET {path}` on each backend; thresholds of
+//! consecutive results mark it down or up (see [`Backend::record_probe`]). The same loop keeps
+//! the `warmpath_backend_up` gauges true as ejections run out.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use async_trait::async_trait;
+use pingora::server::ShutdownWatch;
+use pingora::services::background::BackgroundService;
+
+use super::Router;
+use crate::config::HealthConfig;
+use crate::http::client::{get, Upstream};
+use crate::observe::Metrics;
+
+pub struct HealthChecker {
+    pub router: Arc<Router>,
+    pub cfg: HealthConfig,
+    pub metrics: Metrics,
+    pub upstream: Arc<Upstream>,
+}
+
+impl HealthChecker {
+    async fn probe_all(&self) {
+        let timeout = Duration::from_millis(self.cfg.timeout_ms);
+        let probes = self.router.backends().map(|b| {
+            let b = b.clone();
+            async move {
+                let ok = matches!(get(&self.upstream, &b, &self.cfg.path, timeout).await, Ok((200..=299, _)));
+                (b, ok)
+            }
+        });
+        for (b, ok) in futures_util::future::join_all(probes).await {
+            let result = if ok { "ok" } else { "fail" };
+            self.metrics.health_checks.with_label_values(&[&b.pool, &b.name, result]).inc();
+            match b.record_probe(ok, &self.cfg) {
+                Some(true) => tracing::info!(backend = %b.name, "health check passed: backend is up"),
+                Some(false) => {
+                    tracing::warn!(backend = %b.name, path = %self.cfg.path, "health check failed: backend is down")
+                }
+                None => {}
+            }
+        }
+    }
+}
+
+#[async_trait]
+impl BackgroundService for HealthChecker {
+    async fn start(&self, mut shutdown: ShutdownWatch) {
+        let mut tick = tokio::time::interval(Duration::from_millis(self.cfg.interval_ms));
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tokio::select! {
+                _ = tick.tick() => {}
+                _ = shutdown.changed() => return,
+            }
+            if self.cfg.enabled {
+                self.probe_all().await;
+            }
+            let now = Instant::now();
+            for b in self.router.backends() {
+                b.refresh_gauge(now);
+            }
+        }
+    }
+}

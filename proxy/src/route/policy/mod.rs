@@ -1,0 +1,99 @@
+//! Routing policies: given the request's routing key and a snapshot of the pool, pick one
+//! backend and say why. Selection only — reserving the slot, connecting and retrying belong to
+//! the caller ([`super::Pool::select`] and the HTTP path).
+
+mod least_load;
+mod prefix_hash;
+mod round_robin;
+mod session;
+
+pub use least_load::LeastLoad;
+pub use prefix_hash::PrefixHash;
+pub use round_robin::RoundRobin;
+pub use session::Session;
+
+/// Where a backend stands for this one decision.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum State {
+    /// Takes traffic.
+    Up,
+    /// Marked down by probes or ejected.
+    Down,
+    /// At its in-flight cap.
+    Full,
+    /// Already tried by this request (a retry goes elsewhere).
+    Tried,
+}
+
+/// One backend as a policy sees it.
+#[derive(Debug, Clone, Copy)]
+pub struct Candidate {
+    pub weight: u32,
+    pub inflight: usize,
+    pub state: State,
+}
+
+impl Candidate {
+    pub fn is_up(&self) -> bool {
+        self.state == State::Up
+    }
+}
+
+/// What a request offers for routing.
+#[derive(Debug, Clone, Default)]
+pub struct RouteKey {
+    /// Hash of the request's leading content (for `prefix_hash`).
+    pub prefix: Option<u64>,
+    /// Sticky key: `x-session-id`, `prompt_cache_key` or `user` (for `session`).
+    pub session: Option<String>,
+}
+
+/// A choice and its reason (the `reason` label of `warmpath_routing_decisions_total`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Decision {
+    pub index: usize,
+    pub reason: &'static str,
+}
+
+/// A routing policy. Implementations are deterministic given the same key and snapshot, apart
+/// from rotating counters used to spread ties.
+pub trait Policy: Send + Sync + std::fmt::Debug {
+    /// The policy's name: the `policy` label in metrics and in `x-warmpath-route`.
+    fn name(&self) -> &'static str;
+
+    /// Picks one of the candidates whose state is [`State::Up`], or `None` when there is none.
+    fn select(&self, key: &RouteKey, candidates: &[Candidate]) -> Option<Decision>;
+
+    /// Whether the policy reads [`RouteKey::prefix`] (so callers skip hashing otherwise).
+    fn wants_prefix(&self) -> bool {
+        false
+    }
+
+    /// Whether the policy reads [`RouteKey::session`].
+    fn wants_session(&self) -> bool {
+        false
+    }
+}
+
+#[cfg(test)]
+pub(crate) mod testing {
+    use super::*;
+
+    pub fn up(n: usize) -> Vec<Candidate> {
+        vec![Candidate { weight: 1, inflight: 0, state: State::Up }; n]
+    }
+
+    /// How many of `rounds` selections land on each backend.
+    pub fn spread(
+        p: &dyn Policy,
+        c: &[Candidate],
+        rounds: usize,
+        key: impl Fn(usize) -> RouteKey,
+    ) -> Vec<usize> {
+        let mut counts = vec![0; c.len()];
+        for i in 0..rounds {
+            counts[p.select(&key(i), c).expect("a backend").index] += 1;
+        }
+        counts
+    }
+}
