@@ -1,0 +1,205 @@
+//! The proxy's HTTP surface against real engines and a scripted upstream: routes, byte-for-byte
+//! fidelity, SSE relay, usage, merged models, and the error shapes warmpath answers itself.
+
+mod common;
+
+use common::*;
+use serde_json::json;
+
+#[test]
+fn bodies_pass_through_byte_identical_both_ways() {
+    // A body a re-serializing router would change: key order, spacing, escapes, a null content,
+    // an unknown field, a float with trailing digits.
+    let client_body = br#"{ "messages":[{"content":null,"role":"assistant","tool_calls":[{"id":"c1","type":"function","function":{"name":"f","arguments":"{\"a\": 1}"}}]},{"role":"user","content":"caf\u00e9 \ud83d\ude00"}],
+  "model":"m", "temperature":0.70000, "vendor_extension":{"z":1,"a":[]}, "stream":true }"#;
+    let sse = b"data: {\"id\":\"x\",\"choices\":[{\"delta\":{\"content\":\"caf\\u00e9\"}}],  \"usage\":null}\n\ndata: {\"id\":\"x\",\"choices\":[],\"usage\":{\"prompt_tokens\":3,\"completion_tokens\":1,\"total_tokens\":4}}\n\ndata: [DONE]\n\n".to_vec();
+    let up = Scripted::start("HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: identity\r\nconnection: close", sse.clone());
+    let proxy = Proxy::start(&policy("", "", &["m"], &[("s", up.url())]));
+    let r = request(
+        proxy.addr,
+        "POST",
+        "/v1/chat/completions?x=1",
+        &[("content-type", "application/json"), ("authorization", "Bearer k")],
+        client_body,
+    );
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert_eq!(r.body, sse, "client receives the backend's bytes");
+    assert!(r.clean_end, "chunked body ends with the zero chunk");
+    assert_eq!(r.header("x-warmpath-backend"), Some("s"));
+    assert_eq!(r.header("x-warmpath-route"), Some("round_robin; reason=round_robin"));
+    let bodies = up.bodies.lock().expect("lock");
+    assert_eq!(bodies.len(), 1);
+    assert_eq!(bodies[0], client_body.to_vec(), "backend receives the client's bytes");
+    let head = &up.heads.lock().expect("lock")[0];
+    assert!(head.starts_with("POST /v1/chat/completions?x=1 HTTP/1.1"), "{head}");
+    assert!(head.to_ascii_lowercase().contains("authorization: bearer k"), "{head}");
+    assert!(!head.to_ascii_lowercase().contains("connection: close"), "hop-by-hop header forwarded: {head}");
+}
+
+#[test]
+fn engine_stream_is_relayed_with_usage() {
+    let e = Engine::sim("m", &[]);
+    let proxy = Proxy::start(&policy("", "", &["m"], &[("e", e.url())]));
+    let mut body = chat("m", "count to three", 6);
+    body["stream"] = json!(true);
+    body["stream_options"] = json!({"include_usage": true});
+    let r = post_json(proxy.addr, "/v1/chat/completions", &body);
+    assert_eq!(r.status, 200);
+    assert_eq!(r.header("content-type"), Some("text/event-stream"));
+    assert!(r.clean_end);
+    let (data, events) = sse(&r.text());
+    assert!(events.is_empty(), "{events:?}");
+    assert_eq!(data.last().map(String::as_str), Some("[DONE]"));
+    let usage: serde_json::Value = serde_json::from_str(&data[data.len() - 2]).expect("usage chunk");
+    assert_eq!(usage["usage"]["completion_tokens"], 6);
+    assert!(usage["usage"]["prompt_tokens"].as_u64().unwrap_or(0) > 0);
+    let content_chunks = data.iter().filter(|d| d.contains("\"content\"")).count();
+    assert!(content_chunks >= 6, "one chunk per token: {data:?}");
+
+    // Non-streaming: usage with cached tokens on the second identical request.
+    let long = chat("m", &"a shared prefix of some length ".repeat(20), 2);
+    let first = post_json(proxy.addr, "/v1/chat/completions", &long).json();
+    let second = post_json(proxy.addr, "/v1/chat/completions", &long).json();
+    assert_eq!(first["usage"]["prompt_tokens_details"]["cached_tokens"], 0);
+    assert!(second["usage"]["prompt_tokens_details"]["cached_tokens"].as_u64().unwrap_or(0) > 0, "{second}");
+
+    // Completions and token-id prompts take the same path.
+    let c = post_json(
+        proxy.addr,
+        "/v1/completions",
+        &json!({"model": "m", "prompt": [1, 2, 3], "max_tokens": 2}),
+    );
+    assert_eq!(c.status, 200, "{}", c.text());
+    assert_eq!(c.json()["usage"]["completion_tokens"], 2);
+}
+
+#[test]
+fn models_are_merged_from_every_pool() {
+    let a = Engine::sim("alpha", &[]);
+    let b = Engine::sim("beta", &[]);
+    let policy = format!(
+        "[[pools]]\nname = \"a\"\nmodels = [\"alpha\"]\n[[pools.backends]]\nname = \"a0\"\nurl = \"{}\"\n\
+         [[pools]]\nname = \"b\"\nmodels = [\"*\"]\n[[pools.backends]]\nname = \"b0\"\nurl = \"{}\"\n",
+        a.url(),
+        b.url()
+    );
+    let proxy = Proxy::start(&policy);
+    let r = get(proxy.addr, "/v1/models");
+    assert_eq!(r.status, 200);
+    let v = r.json();
+    assert_eq!(v["object"], "list");
+    let mut ids: Vec<&str> =
+        v["data"].as_array().expect("data").iter().filter_map(|m| m["id"].as_str()).collect();
+    ids.sort();
+    assert_eq!(ids, ["alpha", "beta"]);
+    assert!(v["data"][0]["max_model_len"].is_u64(), "backend fields kept: {v}");
+    // Each model goes to its own pool.
+    let ra = post_json(proxy.addr, "/v1/chat/completions", &chat("alpha", "hi", 1));
+    let rb = post_json(proxy.addr, "/v1/chat/completions", &chat("beta", "hi", 1));
+    assert_eq!((ra.header("x-warmpath-backend"), rb.header("x-warmpath-backend")), (Some("a0"), Some("b0")));
+}
+
+fn assert_openai_error(r: &Resp, status: u16, kind: &str) -> serde_json::Value {
+    assert_eq!(r.status, status, "{}", r.text());
+    assert_eq!(r.header("content-type"), Some("application/json"));
+    let v = r.json();
+    assert_eq!(v["error"]["type"], kind, "{v}");
+    assert!(v["error"]["message"].as_str().is_some_and(|m| !m.is_empty()), "{v}");
+    assert!(v["error"].get("param").is_some() && v["error"].get("code").is_some(), "{v}");
+    v
+}
+
+#[test]
+fn bad_requests_get_openai_errors() {
+    let e = Engine::sim("m", &[]);
+    let proxy = Proxy::start(&policy("[limits]\nmax_body_bytes = 4096\n", "", &["m"], &[("e", e.url())]));
+    let big = chat("m", &"x".repeat(5000), 1);
+    assert_openai_error(&post_json(proxy.addr, "/v1/chat/completions", &big), 413, "invalid_request_error");
+    let r = request(proxy.addr, "POST", "/v1/chat/completions", &[], b"{not json");
+    let v = assert_openai_error(&r, 400, "invalid_request_error");
+    assert!(v["error"]["message"].as_str().unwrap_or("").starts_with("invalid JSON"), "{v}");
+    let r = post_json(proxy.addr, "/v1/chat/completions", &json!({"model": "m", "messages": "nope"}));
+    assert_openai_error(&r, 400, "invalid_request_error");
+    let r = post_json(proxy.addr, "/v1/chat/completions", &json!({"messages": []}));
+    assert_openai_error(&r, 400, "invalid_request_error");
+    let r = request(
+        proxy.addr,
+        "POST",
+        "/v1/chat/completions",
+        &[],
+        b"{\"model\":\"m\",\"messages\":[{\"role\":\"user\",\"content\":\"\xff\"}]}",
+    );
+    assert_openai_error(&r, 400, "invalid_request_error");
+    let v = assert_openai_error(
+        &post_json(proxy.addr, "/v1/chat/completions", &chat("other", "hi", 1)),
+        404,
+        "invalid_request_error",
+    );
+    assert_eq!(v["error"]["code"], "model_not_found");
+    let v = assert_openai_error(&get(proxy.addr, "/v2/whatever"), 404, "invalid_request_error");
+    assert_eq!(v["error"]["code"], "unknown_url");
+    let r = get(proxy.addr, "/v1/chat/completions");
+    assert_openai_error(&r, 405, "invalid_request_error");
+    assert_eq!(r.header("allow"), Some("POST"));
+    // Deeply nested JSON is refused by the parser's depth limit, not by a crash.
+    let deep =
+        format!("{{\"model\":\"m\",\"messages\":[],\"x\":{}{}}}", "[".repeat(1_500), "]".repeat(1_500));
+    assert_openai_error(
+        &request(proxy.addr, "POST", "/v1/chat/completions", &[], deep.as_bytes()),
+        400,
+        "invalid_request_error",
+    );
+    // The proxy is still serving, and counted every rejection.
+    assert_eq!(post_json(proxy.addr, "/v1/chat/completions", &chat("m", "hi", 1)).status, 200);
+    let m = proxy.metrics();
+    assert_eq!(metric(&m, "warmpath_rejections_total{reason=\"too_large\"}"), Some(1.0), "{m}");
+    assert_eq!(metric(&m, "warmpath_rejections_total{reason=\"model_not_found\"}"), Some(1.0));
+    assert!(metric(&m, "warmpath_rejections_total{reason=\"bad_request\"}").unwrap_or(0.0) >= 4.0);
+    assert_eq!(
+        metric(&m, "warmpath_requests_total{backend=\"none\",route=\"other\",status=\"404\"}"),
+        Some(1.0),
+        "{m}"
+    );
+}
+
+#[test]
+fn large_bodies_and_expect_continue() {
+    let e = Engine::sim(
+        "m",
+        &["--max-model-len", "100000", "--kv-blocks", "8000", "--sim-prefill-us-per-token", "1"],
+    );
+    let proxy = Proxy::start(&policy("", "", &["m"], &[("e", e.url())]));
+    // ~200 KB: far past pingora's 64 KiB retry buffer.
+    let body = chat("m", &"lorem ipsum dolor sit amet ".repeat(8000), 1).to_string();
+    assert!(body.len() > 200_000 && body.len() < 4096 * 1024);
+    let r =
+        request(proxy.addr, "POST", "/v1/chat/completions", &[("expect", "100-continue")], body.as_bytes());
+    // The 100 Continue interim response comes first, then the real one.
+    let text = r.text();
+    assert!(r.status == 100 || r.status == 200, "{}", r.status);
+    if r.status == 100 {
+        assert!(text.contains("HTTP/1.1 200"), "{text}");
+    }
+}
+
+#[test]
+fn admin_endpoints() {
+    let e = Engine::sim("m", &[]);
+    let proxy = Proxy::start(&policy("", "", &["m"], &[("e", e.url())]));
+    assert_eq!(get(proxy.admin, "/healthz").status, 200);
+    assert_eq!(get(proxy.admin, "/readyz").status, 200);
+    post_json(proxy.addr, "/v1/chat/completions", &chat("m", "hi", 2));
+    let m = get(proxy.admin, "/metrics");
+    assert_eq!(m.header("content-type"), Some("text/plain; version=0.0.4"));
+    let m = m.text();
+    for name in [
+        "warmpath_requests_total{backend=\"e\",route=\"chat_completions\",status=\"200\"} 1",
+        "warmpath_request_duration_seconds_count{route=\"chat_completions\"} 1",
+        "warmpath_ttft_seconds_count{route=\"chat_completions\"} 1",
+        "warmpath_backend_inflight{backend=\"e\",pool=\"main\"} 0",
+        "warmpath_routing_decisions_total{policy=\"round_robin\",pool=\"main\",reason=\"round_robin\"} 1",
+        "warmpath_backend_up{backend=\"e\",pool=\"main\"} 1",
+    ] {
+        assert!(m.contains(name), "missing {name}:\n{m}");
+    }
+}
