@@ -24,6 +24,15 @@ impl Upstream {
         Upstream { connector: Connector::new(None), pool_idle }
     }
 
+    /// A connection to `backend` (pooled or new; `true` when reused) with the idle timeout on
+    /// every read and write: pingora's connector leaves the peer's timeouts to its proxy loop.
+    pub async fn connect(&self, backend: &Backend) -> Result<(HttpSession, bool), Box<Error>> {
+        let (mut s, reused) = self.connector.get_http_session(&backend.peer).await?;
+        s.set_read_timeout(backend.peer.options.read_timeout);
+        s.set_write_timeout(backend.peer.options.write_timeout);
+        Ok((s, reused))
+    }
+
     /// Returns a connection whose response was read to the end to the pool.
     pub async fn release(&self, session: HttpSession, backend: &Backend) {
         self.connector.release_http_session(session, &backend.peer, Some(self.pool_idle)).await;
@@ -79,7 +88,7 @@ pub async fn get(
 ) -> Result<(u16, Bytes), String> {
     let call = async {
         let full = format!("{}{path}", backend.url.base_path);
-        let (mut s, _) = up.connector.get_http_session(&backend.peer).await.map_err(|e| e.to_string())?;
+        let (mut s, _) = up.connect(backend).await.map_err(|e| e.to_string())?;
         let req = request_header("GET", full.as_bytes(), backend).map_err(|e| e.to_string())?;
         s.write_request_header(Box::new(req)).await.map_err(|e| e.to_string())?;
         s.finish_request_body().await.map_err(|e| e.to_string())?;

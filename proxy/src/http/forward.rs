@@ -277,12 +277,11 @@ async fn try_backend(
     route_hdr: &str,
 ) -> pingora::Result<Attempt> {
     let backend = sel.backend();
-    let connector = &state.upstream.connector;
     // A pooled connection the backend closed while idle fails at once; one fresh connection
     // to the same backend does not count as a retry.
     let mut may_redial = true;
     let mut up = loop {
-        let (mut up, reused) = match connector.get_http_session(&backend.peer).await {
+        let (mut up, reused) = match state.upstream.connect(backend).await {
             Ok(x) => x,
             Err(e) => return Ok(Attempt::Failed(Failure::Io(FailKind::of(&e)))),
         };

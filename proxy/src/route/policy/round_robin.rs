@@ -3,7 +3,7 @@
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 
-use super::{Candidate, Decision, Policy, RouteKey};
+use super::{Candidate, Decision, Policy, RouteKey, State};
 
 #[derive(Debug)]
 pub struct RoundRobin {
@@ -42,7 +42,11 @@ impl Policy for RoundRobin {
 
     fn select(&self, _key: &RouteKey, candidates: &[Candidate]) -> Option<Decision> {
         let n = self.schedule.len();
-        let start = self.next.fetch_add(1, Ordering::Relaxed);
+        // A retry does not take a turn: with two backends and one failing, turns that advanced
+        // on retries would send every first attempt to the failing one.
+        let retry = candidates.iter().any(|c| c.state == State::Tried);
+        let start =
+            if retry { self.next.load(Ordering::Relaxed) } else { self.next.fetch_add(1, Ordering::Relaxed) };
         (0..n)
             .map(|k| self.schedule[(start + k) % n])
             .find(|&i| candidates.get(i).is_some_and(Candidate::is_up))
@@ -53,7 +57,6 @@ impl Policy for RoundRobin {
 #[cfg(test)]
 mod tests {
     use super::super::testing::{spread, up};
-    use super::super::State;
     use super::*;
 
     #[test]
@@ -78,5 +81,20 @@ mod tests {
         assert_eq!(spread(&p, &c, 10, |_| RouteKey::default()), vec![10, 0, 0]);
         c[0].state = State::Tried;
         assert!(p.select(&RouteKey::default(), &c).is_none());
+    }
+
+    #[test]
+    fn a_retry_does_not_take_a_turn() {
+        let p = RoundRobin::new(&[1, 1]);
+        let c = up(2);
+        let first = p.select(&RouteKey::default(), &c).expect("pick").index;
+        let mut retry = c.clone();
+        retry[first].state = State::Tried;
+        assert_eq!(p.select(&RouteKey::default(), &retry).map(|d| d.index), Some(1 - first));
+        assert_eq!(
+            p.select(&RouteKey::default(), &c).map(|d| d.index),
+            Some(1 - first),
+            "the next turn is unchanged"
+        );
     }
 }
