@@ -1,0 +1,205 @@
+//! Each routing policy's distribution over real engines, and the policy files: every file in
+//! `policies/` is valid, and `warmpath check-config` reports bad ones with file:line:col.
+
+mod common;
+
+use std::collections::HashMap;
+use std::io::{Read, Write};
+use std::net::TcpStream;
+use std::process::Command;
+use std::time::Duration;
+
+use common::*;
+use serde_json::json;
+
+fn engines(n: usize) -> Vec<Engine> {
+    (0..n).map(|_| Engine::sim("m", &[])).collect()
+}
+
+fn backends(es: &[Engine]) -> Vec<(&'static str, String)> {
+    const NAMES: [&str; 4] = ["e0", "e1", "e2", "e3"];
+    es.iter().enumerate().map(|(i, e)| (NAMES[i], e.url())).collect()
+}
+
+/// Sends `bodies` one after another; counts requests per backend.
+fn spread(
+    proxy: &Proxy,
+    bodies: impl IntoIterator<Item = (serde_json::Value, Vec<(&'static str, String)>)>,
+) -> HashMap<String, usize> {
+    let mut counts = HashMap::new();
+    for (body, headers) in bodies {
+        let hs: Vec<(&str, &str)> = headers.iter().map(|(k, v)| (*k, v.as_str())).collect();
+        let mut all = vec![("content-type", "application/json")];
+        all.extend(hs);
+        let r = request(proxy.addr, "POST", "/v1/chat/completions", &all, body.to_string().as_bytes());
+        assert_eq!(r.status, 200, "{}", r.text());
+        *counts.entry(r.header("x-warmpath-backend").unwrap_or("?").to_owned()).or_insert(0) += 1;
+    }
+    counts
+}
+
+#[test]
+fn round_robin_is_even_and_weighted() {
+    let es = engines(3);
+    let proxy = Proxy::start(&policy("", "policy = \"round_robin\"", &["m"], &backends(&es)));
+    let counts = spread(&proxy, (0..30).map(|_| (chat("m", "hi", 1), vec![])));
+    assert_eq!(counts.values().copied().collect::<Vec<_>>(), vec![10, 10, 10], "{counts:?}");
+    drop(proxy);
+    let mut p = policy("", "", &["m"], &backends(&es[..2]));
+    p = p.replacen("name = \"e0\"", "name = \"e0\"\nweight = 3", 1);
+    let proxy = Proxy::start(&p);
+    let counts = spread(&proxy, (0..40).map(|_| (chat("m", "hi", 1), vec![])));
+    assert_eq!((counts["e0"], counts["e1"]), (30, 10), "{counts:?}");
+}
+
+#[test]
+fn least_load_spreads_concurrent_requests() {
+    let es: Vec<Engine> = (0..2).map(|_| Engine::sim("m", &["--sim-itl-ms", "20"])).collect();
+    let proxy = Proxy::start(&policy("", "policy = \"least_load\"", &["m"], &backends(&es)));
+    // Four long streams held open at once: least load puts two on each engine.
+    let body = {
+        let mut b = chat("m", "go on", 300);
+        b["stream"] = json!(true);
+        b.to_string()
+    };
+    let mut held = Vec::new();
+    let mut counts: HashMap<String, usize> = HashMap::new();
+    for _ in 0..4 {
+        let mut s = TcpStream::connect(proxy.addr).expect("connect");
+        write!(
+            s,
+            "POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-length: {}\r\n\r\n{body}",
+            body.len()
+        )
+        .expect("send");
+        let mut buf = [0u8; 2048];
+        let n = s.read(&mut buf).expect("head");
+        let head = String::from_utf8_lossy(&buf[..n]).to_ascii_lowercase();
+        let backend = head
+            .lines()
+            .find_map(|l| l.strip_prefix("x-warmpath-backend: "))
+            .unwrap_or("?")
+            .trim()
+            .to_owned();
+        *counts.entry(backend).or_insert(0) += 1;
+        held.push(s);
+    }
+    assert_eq!((counts.get("e0"), counts.get("e1")), (Some(&2), Some(&2)), "{counts:?}");
+}
+
+#[test]
+fn prefix_hash_keeps_a_prefix_on_one_backend_and_spreads_prefixes() {
+    let es = engines(3);
+    let proxy = Proxy::start(&policy(
+        "",
+        "policy = \"prefix_hash\"\n[pools.prefix_hash]\nprefix_bytes = 256",
+        &["m"],
+        &backends(&es),
+    ));
+    let system = |k: usize| format!("You are agent number {k}. {}", "Follow the rules. ".repeat(20));
+    let body = |k: usize, q: usize| {
+        json!({"model": "m", "max_tokens": 1, "messages": [
+            {"role": "system", "content": system(k)}, {"role": "user", "content": format!("question {q}")}]})
+    };
+    // One prefix, many different questions: one backend.
+    let same = spread(&proxy, (0..12).map(|q| (body(7, q), vec![])));
+    assert_eq!(same.len(), 1, "{same:?}");
+    let r = post_json(proxy.addr, "/v1/chat/completions", &body(7, 99));
+    assert_eq!(r.header("x-warmpath-route"), Some("prefix_hash; reason=hash"));
+    // Many prefixes: every backend gets some.
+    let many = spread(&proxy, (0..60).map(|k| (body(k, 0), vec![])));
+    assert_eq!(many.len(), 3, "{many:?}");
+    assert!(many.values().all(|&n| n >= 8), "{many:?}");
+    // Its cache pays: the repeated prefix is served from the engine's prefix cache.
+    let cached = post_json(proxy.addr, "/v1/chat/completions", &body(7, 100)).json();
+    assert!(cached["usage"]["prompt_tokens_details"]["cached_tokens"].as_u64().unwrap_or(0) > 50, "{cached}");
+}
+
+#[test]
+fn session_sticks_by_each_key_and_moves_when_the_backend_dies() {
+    let mut es = engines(3);
+    let proxy = Proxy::start(&policy(FAST_HEALTH, "policy = \"session\"", &["m"], &backends(&es)));
+    let by_header = spread(
+        &proxy,
+        (0..8).map(|i| (chat("m", &format!("turn {i}"), 1), vec![("x-session-id", "conv-a".to_owned())])),
+    );
+    assert_eq!(by_header.len(), 1, "{by_header:?}");
+    let with_field = |k: &str, v: &str, i: usize| {
+        let mut b = chat("m", &format!("turn {i}"), 1);
+        b[k] = json!(v);
+        (b, vec![])
+    };
+    assert_eq!(spread(&proxy, (0..8).map(|i| with_field("prompt_cache_key", "pck-1", i))).len(), 1);
+    assert_eq!(spread(&proxy, (0..8).map(|i| with_field("user", "user-9", i))).len(), 1);
+    // Many sessions use every backend.
+    let many = spread(&proxy, (0..60).map(|i| (chat("m", "hi", 1), vec![("x-session-id", format!("s{i}"))])));
+    assert_eq!(many.len(), 3, "{many:?}");
+    // No key: least load.
+    let r = post_json(proxy.addr, "/v1/chat/completions", &chat("m", "hi", 1));
+    assert_eq!(r.header("x-warmpath-route"), Some("session; reason=no_key"));
+
+    // Kill conv-a's home: it moves (once the probes notice), then stays put again.
+    let home = by_header.keys().next().expect("home").clone();
+    let idx: usize = home[1..].parse().expect("index");
+    es[idx].kill();
+    assert!(eventually(Duration::from_secs(5), || get(proxy.admin, "/metrics")
+        .text()
+        .contains(&format!("warmpath_backend_up{{backend=\"{home}\",pool=\"main\"}} 0"))));
+    let moved = spread(
+        &proxy,
+        (0..6).map(|i| (chat("m", &format!("turn {i}"), 1), vec![("x-session-id", "conv-a".to_owned())])),
+    );
+    assert_eq!(moved.len(), 1, "{moved:?}");
+    assert!(!moved.contains_key(&home));
+    let r = request(
+        proxy.addr,
+        "POST",
+        "/v1/chat/completions",
+        &[("x-session-id", "conv-a")],
+        chat("m", "x", 1).to_string().as_bytes(),
+    );
+    assert_eq!(r.header("x-warmpath-route"), Some("session; reason=sticky_moved_down"));
+}
+
+#[test]
+fn every_shipped_policy_file_is_valid() {
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../policies");
+    let files: Vec<_> = std::fs::read_dir(&dir)
+        .expect("policies/")
+        .filter_map(Result::ok)
+        .map(|e| e.path())
+        .filter(|p| p.extension().is_some_and(|x| x == "toml"))
+        .collect();
+    assert!(files.len() >= 2, "{files:?}");
+    let out =
+        Command::new(env!("CARGO_BIN_EXE_warmpath")).arg("check-config").args(&files).output().expect("runs");
+    assert!(
+        out.status.success(),
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+#[test]
+fn check_config_reports_file_line_and_column() {
+    let dir = TempDir::new();
+    let bad = dir.path().join("bad.toml");
+    std::fs::write(&bad, "[server]\nlisten = \"127.0.0.1:8080\"\nthreds = 2\n").expect("write");
+    let out =
+        Command::new(env!("CARGO_BIN_EXE_warmpath")).args(["check-config"]).arg(&bad).output().expect("runs");
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.starts_with(&format!("{}:3:1: unknown field `threds`", bad.display())), "{err}");
+
+    std::fs::write(&bad, "[[pools]]\nname = \"p\"\nmodels = [\"m\"]\npolicy = \"fastest\"\n").expect("write");
+    let out =
+        Command::new(env!("CARGO_BIN_EXE_warmpath")).args(["check-config"]).arg(&bad).output().expect("runs");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.starts_with(&format!("{}:4:10: unknown variant `fastest`", bad.display())), "{err}");
+
+    // Serving a bad file fails the same way, before listening.
+    let out = Command::new(env!("CARGO_BIN_EXE_warmpath")).arg("--config").arg(&bad).output().expect("runs");
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains(":4:10: "));
+}
