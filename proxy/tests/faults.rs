@@ -95,7 +95,7 @@ fn retries_stay_within_the_budget() {
     }
     let m = proxy.metrics();
     let retries = metric_sum(&m, "warmpath_retries_total");
-    assert!(retries <= 10.0 && retries >= 9.0, "50 requests × 0.2 → at most 10 retries, got {retries}");
+    assert!((9.0..=10.0).contains(&retries), "50 requests × 0.2 → at most 10 retries, got {retries}");
     assert!(metric(&m, "warmpath_retry_budget_exhausted_total{pool=\"main\"}").unwrap_or(0.0) >= 40.0, "{m}");
 }
 
@@ -295,7 +295,8 @@ fn a_full_backend_answers_429() {
     )
     .expect("send");
     let mut buf = [0u8; 1024];
-    s.read(&mut buf).expect("stream started");
+    let n = s.read(&mut buf).expect("stream started");
+    assert!(n > 0);
     let r = post_json(proxy.addr, "/v1/chat/completions", &chat("m", "hi", 1));
     assert_eq!(r.status, 429, "{}", r.text());
     assert_eq!(r.json()["error"]["code"], "backends_saturated");

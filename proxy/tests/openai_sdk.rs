@@ -1,0 +1,54 @@
+//! The official `openai` Python SDK (installed by `scripts/ensure-deps` into `.venv`) talks to
+//! warmpath in front of real engines: a real client, not a hand-written one.
+
+mod common;
+
+use std::path::PathBuf;
+use std::process::Command;
+
+use common::*;
+
+fn python() -> PathBuf {
+    let venv = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../.venv/bin/python");
+    assert!(
+        venv.exists(),
+        "{} missing: run scripts/ensure-deps (it installs the openai SDK)",
+        venv.display()
+    );
+    venv
+}
+
+fn run_client(base: &str, model: &str, extra: &[&str]) -> serde_json::Value {
+    let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/clients/openai_chat.py");
+    let out =
+        Command::new(python()).arg(script).args([base, model]).args(extra).output().expect("python runs");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "client failed:\n{stdout}\n{}", String::from_utf8_lossy(&out.stderr));
+    serde_json::from_str(stdout.trim()).unwrap_or_else(|_| panic!("client output: {stdout}"))
+}
+
+#[test]
+fn the_openai_sdk_streams_a_chat_through_warmpath() {
+    let a = Engine::sim("m", &[]);
+    let b = Engine::sim("m", &[]);
+    let proxy =
+        Proxy::start(&policy("", "policy = \"least_load\"", &["m"], &[("a", a.url()), ("b", b.url())]));
+    let v = run_client(&format!("http://{}/v1", proxy.addr), "m", &[]);
+    assert_eq!(v["models"], serde_json::json!(["m"]), "{v}");
+    assert!(v["stream_chunks"].as_u64().unwrap_or(0) >= 9, "role chunk, 8 tokens, usage: {v}");
+    assert!(!v["stream_text"].as_str().unwrap_or("").is_empty(), "{v}");
+    assert_eq!(v["stream_usage"]["completion_tokens"], 8, "{v}");
+    assert_eq!(v["finish"], "length");
+    assert_eq!(v["completion_tokens"], 4);
+    assert!(matches!(v["backend"].as_str(), Some("a" | "b")), "{v}");
+    assert_eq!(v["not_found"], "model_not_found", "{v}");
+}
+
+#[test]
+fn the_openai_sdk_raises_on_a_stream_cut_by_the_backend() {
+    let dying = Engine::sim("m", &["--fault-die-after-tokens", "2"]);
+    let proxy = Proxy::start(&policy("[health]\nenabled = false\n", "", &["m"], &[("d", dying.url())]));
+    let v = run_client(&format!("http://{}/v1", proxy.addr), "m", &["expect-stream-error"]);
+    assert_eq!(v["raised"], "APIError", "the SDK surfaces warmpath's error event: {v}");
+    assert!(v["message"].as_str().unwrap_or("").contains("stream broke off"), "{v}");
+}
