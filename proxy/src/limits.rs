@@ -3,7 +3,8 @@
 //! [`HeaderDeadline`] wraps each accepted connection: from accept (or, on a kept-alive
 //! connection, from the first byte of the next request) the whole header must arrive within
 //! the deadline, or reads fail and pingora drops the connection. `early_request_filter` lifts
-//! the deadline once the header is in ([`headers_done`]); the body has its own deadline.
+//! the deadline once the header is in ([`headers_done`]) and the `logging` phase arms it again
+//! for the connection's next request ([`request_done`]); the body has its own deadline.
 
 use std::fmt;
 use std::future::Future;
@@ -33,8 +34,10 @@ pub struct HeaderDeadline {
     /// Running while a header is being read; `None` before the first byte of a reused
     /// connection's next request.
     timer: Option<Pin<Box<Sleep>>>,
-    /// Set once the header is in; cleared for the next request on the connection.
+    /// Set once the header is in.
     done: Arc<AtomicBool>,
+    /// Set when a request finished: the next read starts a new header (timer from its first byte).
+    rearm: Arc<AtomicBool>,
 }
 
 impl fmt::Debug for HeaderDeadline {
@@ -46,21 +49,33 @@ impl fmt::Debug for HeaderDeadline {
 impl HeaderDeadline {
     fn new(inner: Stream, limit: Duration) -> HeaderDeadline {
         let timer = Some(Box::pin(tokio::time::sleep(limit)));
-        HeaderDeadline { inner, limit, timer, done: Arc::new(AtomicBool::new(false)) }
+        HeaderDeadline {
+            inner,
+            limit,
+            timer,
+            done: Arc::new(AtomicBool::new(false)),
+            rearm: Arc::new(AtomicBool::new(false)),
+        }
     }
+}
 
-    /// Arms the deadline for the next request of a kept-alive connection: it starts with that
-    /// request's first byte, so idle keep-alive time does not count.
-    fn rearm(&mut self) {
-        self.timer = None;
-        self.done.store(false, Ordering::Release);
-    }
+fn deadline_of(session: &Session) -> Option<&HeaderDeadline> {
+    session.stream().and_then(|s| s.as_any().downcast_ref::<HeaderDeadline>())
 }
 
 /// Lifts the header deadline of the session's connection (called once the header is parsed).
 pub fn headers_done(session: &Session) {
-    if let Some(d) = session.stream().and_then(|s| s.as_any().downcast_ref::<HeaderDeadline>()) {
+    if let Some(d) = deadline_of(session) {
         d.done.store(true, Ordering::Release);
+    }
+}
+
+/// Arms the deadline for the next request on the session's kept-alive connection: it starts
+/// with that request's first byte, so idle keep-alive time does not count.
+pub fn request_done(session: &Session) {
+    if let Some(d) = deadline_of(session) {
+        d.rearm.store(true, Ordering::Release);
+        d.done.store(false, Ordering::Release);
     }
 }
 
@@ -71,6 +86,9 @@ impl AsyncRead for HeaderDeadline {
         buf: &mut ReadBuf<'_>,
     ) -> Poll<std::io::Result<()>> {
         let this = &mut *self;
+        if this.rearm.swap(false, Ordering::AcqRel) {
+            this.timer = None;
+        }
         if this.done.load(Ordering::Acquire) {
             return Pin::new(&mut this.inner).poll_read(cx, buf);
         }
@@ -187,11 +205,9 @@ pub struct WithHeaderDeadline<A> {
 #[async_trait]
 impl<A: ServerApp + Send + Sync + 'static> ServerApp for WithHeaderDeadline<A> {
     async fn process_new(self: &Arc<Self>, stream: Stream, shutdown: &ShutdownWatch) -> Option<Stream> {
+        // pingora serves a kept-alive HTTP/1 connection's later requests inside this call.
         let stream: Stream = if stream.as_any().is::<HeaderDeadline>() {
-            // A kept-alive connection coming back for its next request.
-            let Ok(mut d) = stream.into_any().downcast::<HeaderDeadline>() else { return None };
-            d.rearm();
-            d
+            stream
         } else {
             Box::new(HeaderDeadline::new(stream, self.limit))
         };

@@ -338,8 +338,9 @@ fn slow_headers_are_cut_at_the_deadline() {
     let _ = s.read_to_end(&mut out);
     assert!(t.elapsed() < Duration::from_secs(3), "cut at the deadline, not after {:?}", t.elapsed());
     assert!(!String::from_utf8_lossy(&out).contains("200 OK"), "{}", String::from_utf8_lossy(&out));
-    // A normal client on a kept-alive connection is not cut between its requests.
+    // A normal client on a kept-alive connection is not cut between its requests...
     let mut k = TcpStream::connect(proxy.addr).expect("connect");
+    k.set_read_timeout(Some(Duration::from_secs(5))).expect("timeout");
     for _ in 0..2 {
         k.write_all(b"GET /v1/models HTTP/1.1\r\nhost: x\r\n\r\n").expect("send");
         let mut buf = [0u8; 2048];
@@ -347,6 +348,23 @@ fn slow_headers_are_cut_at_the_deadline() {
         assert!(String::from_utf8_lossy(&buf[..n]).starts_with("HTTP/1.1 200"));
         std::thread::sleep(Duration::from_millis(600));
     }
+    // ...but its next request's header has the same deadline as the first one's.
+    let t = Instant::now();
+    for i in 0..20 {
+        let line = format!("{}x-slow-{i}: 1\r\n", if i == 0 { "GET /v1/models HTTP/1.1\r\n" } else { "" });
+        if k.write_all(line.as_bytes()).is_err() || t.elapsed() > Duration::from_secs(2) {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(150));
+    }
+    let mut out = Vec::new();
+    let _ = k.read_to_end(&mut out);
+    assert!(
+        t.elapsed() < Duration::from_secs(3),
+        "second request cut at the deadline, not after {:?}",
+        t.elapsed()
+    );
+    assert!(!String::from_utf8_lossy(&out).contains("200 OK"));
 }
 
 #[test]

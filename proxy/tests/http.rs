@@ -203,3 +203,46 @@ fn admin_endpoints() {
         assert!(m.contains(name), "missing {name}:\n{m}");
     }
 }
+
+/// Reads one response (Content-Length framed) from a kept-alive connection.
+fn read_one(s: &mut std::net::TcpStream) -> Resp {
+    use std::io::Read;
+    let mut raw = Vec::new();
+    let mut byte = [0u8; 1];
+    while !raw.ends_with(b"\r\n\r\n") {
+        assert_eq!(
+            s.read(&mut byte).expect("read"),
+            1,
+            "connection closed: {:?}",
+            String::from_utf8_lossy(&raw)
+        );
+        raw.push(byte[0]);
+    }
+    let head = parse_response(&raw);
+    let len: usize = head.header("content-length").and_then(|v| v.parse().ok()).expect("content-length");
+    let mut body = vec![0u8; len];
+    s.read_exact(&mut body).expect("body");
+    Resp { body, ..head }
+}
+
+#[test]
+fn back_to_back_requests_on_one_connection_all_arrive_whole() {
+    use std::io::Write;
+    // The client sends its next request the moment it has the previous response; the proxy's
+    // watch for a departed client must not eat the first byte of that request.
+    let e = Engine::sim("m", &["--sim-itl-ms", "0"]);
+    let proxy = Proxy::start(&policy("", "", &["m"], &[("e", e.url())]));
+    let body = chat("m", "hi", 1).to_string();
+    let mut s = std::net::TcpStream::connect(proxy.addr).expect("connect");
+    s.set_read_timeout(Some(std::time::Duration::from_secs(10))).expect("timeout");
+    for i in 0..300 {
+        write!(
+            s,
+            "POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-length: {}\r\n\r\n{body}",
+            body.len()
+        )
+        .expect("send");
+        let r = read_one(&mut s);
+        assert_eq!(r.status, 200, "request {i}: {}", r.text());
+    }
+}

@@ -126,6 +126,7 @@ impl ProxyHttp for WarmpathProxy {
     }
 
     async fn logging(&self, session: &mut Session, e: Option<&Error>, ctx: &mut RequestCtx) {
+        crate::limits::request_done(session);
         let m = &self.state.metrics;
         let status = match (ctx.status, e) {
             (0, Some(_)) => 500,

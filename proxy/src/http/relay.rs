@@ -67,7 +67,13 @@ pub async fn pump(
     tail: &mut Tail,
 ) -> Pumped {
     loop {
+        if up.response_done() {
+            // Checked before watching the client again: once it has the whole response it may
+            // send its next request, and the watch would swallow that request's first byte.
+            return Pumped::Complete;
+        }
         let chunk = tokio::select! {
+            biased;
             r = up.read_response_body() => r,
             _ = client_gone(session) => return Pumped::ClientGone,
         };

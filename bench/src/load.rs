@@ -1,0 +1,104 @@
+//! A closed-loop HTTP/1.1 load generator: `concurrency` keep-alive connections, each sending the
+//! same POST back to back until `total` requests are done; per-request latency recorded.
+
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use http_body_util::{BodyExt, Full};
+use hyper_util::rt::TokioIo;
+
+#[derive(Debug, Default)]
+pub struct LoadResult {
+    pub latencies: Vec<Duration>,
+    pub wall: Duration,
+    pub errors: usize,
+}
+
+impl LoadResult {
+    pub fn percentile(&self, p: f64) -> Duration {
+        let mut v = self.latencies.clone();
+        v.sort_unstable();
+        if v.is_empty() {
+            return Duration::ZERO;
+        }
+        v[((v.len() - 1) as f64 * p).round() as usize]
+    }
+
+    pub fn rps(&self) -> f64 {
+        self.latencies.len() as f64 / self.wall.as_secs_f64().max(1e-9)
+    }
+}
+
+type Sender = hyper::client::conn::http1::SendRequest<Full<Bytes>>;
+
+async fn connect(addr: SocketAddr) -> anyhow::Result<Sender> {
+    let stream = tokio::net::TcpStream::connect(addr).await?;
+    stream.set_nodelay(true)?;
+    let (sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream)).await?;
+    tokio::spawn(conn);
+    Ok(sender)
+}
+
+/// One request; `Ok(status)` once the whole body is in.
+pub async fn send(sender: &mut Sender, addr: SocketAddr, path: &str, body: &Bytes) -> anyhow::Result<u16> {
+    let req = hyper::Request::post(path)
+        .header("host", addr.to_string())
+        .header("content-type", "application/json")
+        .body(Full::new(body.clone()))?;
+    let resp = sender.send_request(req).await?;
+    let status = resp.status().as_u16();
+    resp.into_body().collect().await?;
+    Ok(status)
+}
+
+pub async fn run(
+    addr: SocketAddr,
+    path: &'static str,
+    body: Bytes,
+    concurrency: usize,
+    total: usize,
+) -> LoadResult {
+    let next = Arc::new(AtomicUsize::new(0));
+    let start = Instant::now();
+    let tasks: Vec<_> = (0..concurrency)
+        .map(|_| {
+            let (next, body) = (next.clone(), body.clone());
+            tokio::spawn(async move {
+                let mut lat = Vec::new();
+                let mut errors = 0;
+                let mut sender = None;
+                while next.fetch_add(1, Ordering::Relaxed) < total {
+                    if sender.is_none() {
+                        sender = connect(addr).await.ok();
+                    }
+                    let Some(s) = sender.as_mut() else {
+                        errors += 1;
+                        continue;
+                    };
+                    let t = Instant::now();
+                    match send(s, addr, path, &body).await {
+                        Ok(200) => lat.push(t.elapsed()),
+                        Ok(_) => errors += 1,
+                        Err(_) => {
+                            errors += 1;
+                            sender = None;
+                        }
+                    }
+                }
+                (lat, errors)
+            })
+        })
+        .collect();
+    let mut out = LoadResult::default();
+    for t in tasks {
+        if let Ok((lat, errors)) = t.await {
+            out.latencies.extend(lat);
+            out.errors += errors;
+        }
+    }
+    out.wall = start.elapsed();
+    out
+}

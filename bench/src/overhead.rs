@@ -1,0 +1,203 @@
+//! Proxy overhead, side by side in one run: every target in front of the same fast upstream,
+//! for a small chat request and a ~60 KB agent request, at fixed concurrency. Targets run in
+//! rotation, repeated; the report gives medians of requests/s, p50/p99 latency, and the proxy
+//! process tree's CPU time per request (from /proc) with ratios against nginx and the best of
+//! the Rust routers.
+
+use std::fmt::Write as _;
+use std::time::Duration;
+
+use bytes::Bytes;
+
+use crate::load;
+use crate::procfs;
+use crate::requests;
+use crate::targets::{self, Target};
+use crate::upstream;
+
+#[derive(clap::Args)]
+pub struct Args {
+    /// Requests per target per round and workload.
+    #[arg(long, default_value_t = 4000)]
+    requests: usize,
+    /// Rounds (targets rotate within each; medians are reported).
+    #[arg(long, default_value_t = 3)]
+    rounds: usize,
+    /// Concurrent keep-alive connections.
+    #[arg(long, default_value_t = 8)]
+    concurrency: usize,
+    /// Peers to leave out (comma-separated: nginx, sglang-router, vllm-router).
+    #[arg(long, value_delimiter = ',')]
+    skip: Vec<String>,
+    /// A short run for smoke tests (fewer requests, one round).
+    #[arg(long)]
+    quick: bool,
+    /// Where the markdown report goes (default bench/results/overhead-DATE.md).
+    #[arg(long)]
+    out: Option<std::path::PathBuf>,
+}
+
+#[derive(Debug, Clone, Copy, Default)]
+struct Sample {
+    rps: f64,
+    p50_ms: f64,
+    p99_ms: f64,
+    cpu_us: Option<f64>,
+    rss_mb: Option<f64>,
+    errors: usize,
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    if v.is_empty() {
+        return f64::NAN;
+    }
+    v[v.len() / 2]
+}
+
+async fn measure(t: &Target, body: &Bytes, n: usize, concurrency: usize) -> Sample {
+    // Warm connections and caches first.
+    load::run(t.addr, "/v1/chat/completions", body.clone(), concurrency, (n / 10).max(50)).await;
+    let cpu0 = t.pid().map(procfs::cpu_ns);
+    let r = load::run(t.addr, "/v1/chat/completions", body.clone(), concurrency, n).await;
+    let cpu1 = t.pid().map(procfs::cpu_ns);
+    let done = r.latencies.len().max(1) as f64;
+    Sample {
+        rps: r.rps(),
+        p50_ms: r.percentile(0.5).as_secs_f64() * 1e3,
+        p99_ms: r.percentile(0.99).as_secs_f64() * 1e3,
+        cpu_us: cpu0.zip(cpu1).map(|(a, b)| (b.saturating_sub(a)) as f64 / 1e3 / done),
+        rss_mb: t.pid().map(|p| procfs::rss_bytes(p) as f64 / (1 << 20) as f64),
+        errors: r.errors,
+    }
+}
+
+fn date() -> String {
+    // Civil date from days since the epoch (Howard Hinnant's algorithm).
+    let secs =
+        std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0);
+    let z = (secs / 86_400) as i64 + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z - era * 146_097;
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let d = doy - (153 * mp + 2) / 5 + 1;
+    let m = if mp < 10 { mp + 3 } else { mp - 9 };
+    let y = yoe + era * 400 + i64::from(m <= 2);
+    format!("{y:04}-{m:02}-{d:02}")
+}
+
+pub async fn run(a: Args) -> anyhow::Result<()> {
+    let (requests, rounds) = if a.quick { (500, 1) } else { (a.requests, a.rounds) };
+    let up = upstream::start()?;
+    let model = upstream::model();
+    let small = Bytes::from(requests::small(model));
+    let agent = Bytes::from(requests::agent(model));
+
+    let mut list: Vec<Target> = vec![targets::direct(up), targets::warmpath(up, "round_robin")?];
+    let skip = |n: &str| a.skip.iter().any(|s| s == n);
+    if !skip("nginx") {
+        list.push(targets::nginx(up)?);
+    }
+    for (which, policies) in
+        [("sglang-router", &["round_robin"][..]), ("vllm-router", &["round_robin", "cache_aware"][..])]
+    {
+        if !skip(which) {
+            for p in policies {
+                list.push(targets::rust_router(which, up, p)?);
+            }
+        }
+    }
+    for t in &list {
+        targets::wait_ready(t, &small).await?;
+        eprintln!("ready: {}", t.name);
+    }
+
+    let workloads = [("small", &small), ("agent 60 KB", &agent)];
+    // samples[workload][target] over rounds
+    let mut samples = vec![vec![Vec::<Sample>::new(); list.len()]; workloads.len()];
+    let steps = rounds * workloads.len() * list.len();
+    let mut step = 0;
+    for round in 0..rounds {
+        for (w, (_, body)) in workloads.iter().enumerate() {
+            // Rotate the order each round so no target always runs first.
+            for k in 0..list.len() {
+                let i = (k + round) % list.len();
+                step += 1;
+                eprint!("\r[{step}/{steps}] {:<28}", list[i].name);
+                let s = measure(&list[i], body, requests, a.concurrency).await;
+                samples[w][i].push(s);
+            }
+        }
+    }
+    eprintln!();
+
+    let cmdline: Vec<String> = std::env::args().collect();
+    let mut md = String::new();
+    let _ = writeln!(md, "# Proxy overhead — {}\n", date());
+    let _ =
+        writeln!(md, "Command: `{}` (release build; peers from `scripts/bench-peers`)\n", cmdline.join(" "));
+    let _ = writeln!(
+        md,
+        "Every target in front of the same fast upstream (an in-process axum server answering a fixed \
+         completion), {} requests per target per round at {} keep-alive connections, {} round(s), targets \
+         rotating within each round; medians over rounds. CPU is the proxy process tree's time on CPU \
+         (all threads, /proc/PID/task/*/schedstat) divided by requests. 2-core shared machine: latency \
+         figures include the load generator and upstream competing for the same cores; CPU/request is the \
+         stable figure.\n",
+        requests, a.concurrency, rounds
+    );
+    for (w, (wname, body)) in workloads.iter().enumerate() {
+        let _ = writeln!(md, "## {wname} request ({} bytes)\n", body.len());
+        let _ = writeln!(md, "| target | req/s | p50 ms | p99 ms | CPU µs/req | RSS MB | errors |");
+        let _ = writeln!(md, "| --- | ---: | ---: | ---: | ---: | ---: | ---: |");
+        let mut cpu_of = Vec::new();
+        for (i, t) in list.iter().enumerate() {
+            let s = &samples[w][i];
+            let cpu = s
+                .iter()
+                .all(|x| x.cpu_us.is_some())
+                .then(|| median(s.iter().filter_map(|x| x.cpu_us).collect()));
+            let rss = s
+                .iter()
+                .all(|x| x.rss_mb.is_some())
+                .then(|| median(s.iter().filter_map(|x| x.rss_mb).collect()));
+            cpu_of.push((t.name.clone(), cpu));
+            let _ = writeln!(
+                md,
+                "| {} | {:.0} | {:.2} | {:.2} | {} | {} | {} |",
+                t.name,
+                median(s.iter().map(|x| x.rps).collect()),
+                median(s.iter().map(|x| x.p50_ms).collect()),
+                median(s.iter().map(|x| x.p99_ms).collect()),
+                cpu.map(|c| format!("{c:.1}")).unwrap_or_else(|| "—".into()),
+                rss.map(|r| format!("{r:.1}")).unwrap_or_else(|| "—".into()),
+                s.iter().map(|x| x.errors).sum::<usize>(),
+            );
+        }
+        let get = |prefix: &str| {
+            cpu_of.iter().filter(|(n, _)| n.starts_with(prefix)).filter_map(|(_, c)| *c).reduce(f64::min)
+        };
+        let _ = writeln!(md);
+        if let Some(wp) = get("warmpath") {
+            if let Some(ng) = get("nginx") {
+                let _ = writeln!(md, "- warmpath CPU / nginx CPU: **{:.2}×**", wp / ng);
+            }
+            let rust_best = [get("sglang-router"), get("vllm-router")].into_iter().flatten().reduce(f64::min);
+            if let Some(rb) = rust_best {
+                let _ = writeln!(md, "- warmpath CPU / best Rust router CPU: **{:.2}×**", wp / rb);
+            }
+        }
+        let _ = writeln!(md);
+    }
+    print!("{md}");
+    let out = a.out.unwrap_or_else(|| targets::root().join(format!("bench/results/overhead-{}.md", date())));
+    if !a.quick {
+        std::fs::write(&out, &md)?;
+        eprintln!("written: {}", out.display());
+    }
+    drop(list);
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    Ok(())
+}

@@ -1,0 +1,76 @@
+//! CPU time and memory of a process tree from /proc: nanoseconds on CPU summed over every thread
+//! (`/proc/PID/task/TID/schedstat`, exact where `stat`'s ticks are 10 ms), and resident memory.
+
+use std::collections::HashMap;
+use std::fs;
+
+/// `pid` and every process below it.
+pub fn tree(pid: u32) -> Vec<u32> {
+    let mut children: HashMap<u32, Vec<u32>> = HashMap::new();
+    if let Ok(dir) = fs::read_dir("/proc") {
+        for e in dir.flatten() {
+            let Some(p) = e.file_name().to_str().and_then(|s| s.parse::<u32>().ok()) else { continue };
+            let Ok(stat) = fs::read_to_string(format!("/proc/{p}/stat")) else { continue };
+            // The command name is in parentheses and may hold spaces: parse after the last ')'.
+            let Some(rest) = stat.rsplit_once(')').map(|(_, r)| r) else { continue };
+            if let Some(ppid) = rest.split_whitespace().nth(1).and_then(|s| s.parse::<u32>().ok()) {
+                children.entry(ppid).or_default().push(p);
+            }
+        }
+    }
+    let mut out = vec![pid];
+    let mut i = 0;
+    while i < out.len() {
+        if let Some(c) = children.get(&out[i]) {
+            out.extend(c);
+        }
+        i += 1;
+    }
+    out
+}
+
+/// Nanoseconds on CPU of every thread of the tree under `pid`.
+pub fn cpu_ns(pid: u32) -> u64 {
+    let mut total = 0;
+    for p in tree(pid) {
+        let Ok(tasks) = fs::read_dir(format!("/proc/{p}/task")) else { continue };
+        for t in tasks.flatten() {
+            if let Ok(s) = fs::read_to_string(t.path().join("schedstat")) {
+                total += s.split_whitespace().next().and_then(|v| v.parse::<u64>().ok()).unwrap_or(0);
+            }
+        }
+    }
+    total
+}
+
+/// Resident set size of the tree under `pid`, in bytes.
+pub fn rss_bytes(pid: u32) -> u64 {
+    tree(pid)
+        .into_iter()
+        .filter_map(|p| fs::read_to_string(format!("/proc/{p}/status")).ok())
+        .filter_map(|s| {
+            s.lines()
+                .find(|l| l.starts_with("VmRSS:"))
+                .and_then(|l| l.split_whitespace().nth(1))
+                .and_then(|kb| kb.parse::<u64>().ok())
+        })
+        .sum::<u64>()
+        * 1024
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn own_process_is_measured() {
+        let me = std::process::id();
+        let before = super::cpu_ns(me);
+        let mut x = 0u64;
+        for i in 0..5_000_000u64 {
+            x = x.wrapping_mul(31).wrapping_add(i);
+        }
+        std::hint::black_box(x);
+        assert!(super::cpu_ns(me) > before);
+        assert!(super::rss_bytes(me) > 1 << 20);
+        assert_eq!(super::tree(me)[0], me);
+    }
+}

@@ -1,0 +1,139 @@
+//! The systems an overhead run compares, each started by the benchmark itself in front of the
+//! same upstream: a direct connection, warmpath, nginx (Debian), sglang-router and vllm-router
+//! (PyPI, installed by `scripts/bench-peers` into `bench/.peers`).
+
+use std::net::{SocketAddr, TcpListener};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use anyhow::Context;
+
+pub struct Target {
+    pub name: String,
+    pub addr: SocketAddr,
+    /// The process whose CPU is measured (none for the direct connection).
+    pub child: Option<Child>,
+}
+
+impl Target {
+    pub fn pid(&self) -> Option<u32> {
+        self.child.as_ref().map(Child::id)
+    }
+}
+
+impl Drop for Target {
+    fn drop(&mut self) {
+        if let Some(c) = self.child.as_mut() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
+pub fn free_addr() -> anyhow::Result<SocketAddr> {
+    Ok(TcpListener::bind("127.0.0.1:0")?.local_addr()?)
+}
+
+pub fn root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
+}
+
+fn work_dir(name: &str) -> anyhow::Result<PathBuf> {
+    let d = root().join("bench/.peers/run").join(name);
+    std::fs::create_dir_all(&d)?;
+    Ok(d)
+}
+
+fn spawn(name: &str, cmd: &mut Command, addr: SocketAddr) -> anyhow::Result<Target> {
+    let log = std::fs::File::create(work_dir(name)?.join("log.txt"))?;
+    let child = cmd
+        .stdout(Stdio::from(log.try_clone()?))
+        .stderr(Stdio::from(log))
+        .spawn()
+        .with_context(|| format!("starting {name}"))?;
+    Ok(Target { name: name.to_owned(), addr, child: Some(child) })
+}
+
+pub fn direct(upstream: SocketAddr) -> Target {
+    Target { name: "direct".into(), addr: upstream, child: None }
+}
+
+pub fn warmpath(upstream: SocketAddr, policy: &str) -> anyhow::Result<Target> {
+    let bin = root().join("target/release/warmpath");
+    anyhow::ensure!(bin.exists(), "{} missing: cargo build --release -p warmpath", bin.display());
+    let (addr, admin) = (free_addr()?, free_addr()?);
+    let dir = work_dir("warmpath")?;
+    let file = dir.join("policy.toml");
+    std::fs::write(
+        &file,
+        format!(
+            "[server]\nlisten = \"{addr}\"\nadmin = \"{admin}\"\n[log]\nlevel = \"warn\"\n\
+             [[pools]]\nname = \"bench\"\nmodels = [\"*\"]\npolicy = \"{policy}\"\n\
+             [[pools.backends]]\nname = \"up\"\nurl = \"http://{upstream}\"\n"
+        ),
+    )?;
+    let mut t = spawn("warmpath", Command::new(bin).arg("--config").arg(&file), addr)?;
+    t.name = format!("warmpath {policy}");
+    Ok(t)
+}
+
+pub fn nginx(upstream: SocketAddr) -> anyhow::Result<Target> {
+    let bin = ["/usr/sbin/nginx", "/usr/bin/nginx"].into_iter().find(|p| Path::new(p).exists());
+    let bin = bin.context("nginx missing: scripts/bench-peers installs it")?;
+    let addr = free_addr()?;
+    let dir = work_dir("nginx")?;
+    let d = dir.display();
+    let conf = format!(
+        "worker_processes 1;\ndaemon off;\npid {d}/nginx.pid;\nerror_log {d}/error.log warn;\n\
+         events {{ worker_connections 1024; }}\n\
+         http {{\n  access_log off;\n  client_body_temp_path {d}/body;\n  proxy_temp_path {d}/proxy;\n\
+           fastcgi_temp_path {d}/fastcgi;\n  uwsgi_temp_path {d}/uwsgi;\n  scgi_temp_path {d}/scgi;\n\
+           upstream up {{ server {upstream}; keepalive 64; }}\n\
+           server {{\n    listen {addr};\n    client_max_body_size 64m;\n    client_body_buffer_size 1m;\n\
+             location / {{ proxy_pass http://up; proxy_http_version 1.1; proxy_set_header Connection \"\"; proxy_buffering off; }}\n  }}\n}}\n"
+    );
+    std::fs::write(dir.join("nginx.conf"), conf)?;
+    spawn("nginx", Command::new(bin).arg("-p").arg(&dir).arg("-c").arg(dir.join("nginx.conf")), addr)
+}
+
+/// sglang-router or vllm-router (same command-line shape).
+pub fn rust_router(which: &str, upstream: SocketAddr, policy: &str) -> anyhow::Result<Target> {
+    let (venv, exe) = match which {
+        "sglang-router" => ("venv", "sglang-router"),
+        _ => ("vllm-venv", "vllm-router"),
+    };
+    let bin = root().join("bench/.peers").join(venv).join("bin").join(exe);
+    anyhow::ensure!(bin.exists(), "{} missing: run scripts/bench-peers", bin.display());
+    let addr = free_addr()?;
+    let prom = free_addr()?;
+    let mut cmd = Command::new(bin);
+    if which == "sglang-router" {
+        cmd.arg("launch");
+    }
+    cmd.args(["--host", "127.0.0.1", "--port", &addr.port().to_string()])
+        .args(["--worker-urls", &format!("http://{upstream}")])
+        .args(["--policy", policy])
+        .args(["--prometheus-host", "127.0.0.1", "--prometheus-port", &prom.port().to_string()])
+        .env("HF_HUB_OFFLINE", "1");
+    let mut t = spawn(which, &mut cmd, addr)?;
+    t.name = format!("{which} {policy}");
+    Ok(t)
+}
+
+/// Waits until `t` answers `body` with 200.
+pub async fn wait_ready(t: &Target, body: &bytes::Bytes) -> anyhow::Result<()> {
+    let deadline = Instant::now() + Duration::from_secs(90);
+    loop {
+        let r = crate::load::run(t.addr, "/v1/chat/completions", body.clone(), 1, 1).await;
+        if r.errors == 0 && r.latencies.len() == 1 {
+            return Ok(());
+        }
+        anyhow::ensure!(
+            Instant::now() < deadline,
+            "{} did not become ready (see bench/.peers/run/*/log.txt)",
+            t.name
+        );
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+}
