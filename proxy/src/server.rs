@@ -2,6 +2,8 @@
 //! three services (API listener, admin listener, health checker).
 
 use std::sync::Arc;
+
+use anyhow::Context;
 use std::time::Duration;
 
 use pingora::server::configuration::ServerConf;
@@ -32,6 +34,12 @@ pub fn init_logging(cfg: &Config) {
 /// success.
 pub fn run(cfg: Config) -> anyhow::Result<()> {
     init_logging(&cfg);
+    // pingora binds inside its service threads and only panics there when it cannot, leaving
+    // the process up without a listener; check first so a taken port is a clear error.
+    for (what, addr) in [("listen", cfg.server.listen), ("admin", cfg.server.admin)] {
+        std::net::TcpListener::bind(addr)
+            .with_context(|| format!("cannot bind the {what} address {addr}"))?;
+    }
     let embedded = crate::embedded::start(&cfg)?;
     for (pi, addrs) in &embedded.addrs {
         for a in addrs {

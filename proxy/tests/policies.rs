@@ -203,3 +203,21 @@ fn check_config_reports_file_line_and_column() {
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains(":4:10: "));
 }
+
+#[test]
+fn a_taken_port_is_a_clear_error() {
+    let taken = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+    let addr = taken.local_addr().expect("addr");
+    let dir = TempDir::new();
+    let file = dir.path().join("p.toml");
+    std::fs::write(&file, policy("", "", &["m"], &[("e", "http://127.0.0.1:9".to_owned())])).expect("write");
+    let out = Command::new(env!("CARGO_BIN_EXE_warmpath"))
+        .arg("--config")
+        .arg(&file)
+        .args(["--listen", &addr.to_string(), "--admin", &format!("127.0.0.1:{}", free_port())])
+        .output()
+        .expect("runs");
+    assert!(!out.status.success(), "must exit, not linger without a listener");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains(&format!("cannot bind the listen address {addr}")), "{err}");
+}

@@ -259,6 +259,7 @@ async fn send(
     up.write_request_body(body.clone(), true).await?;
     up.finish_request_body().await?;
     tokio::select! {
+        biased;
         r = up.read_response_header() => r.map(|()| Sent::Header),
         _ = client_gone(session) => Ok(Sent::ClientGone),
     }
