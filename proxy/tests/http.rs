@@ -246,3 +246,63 @@ fn back_to_back_requests_on_one_connection_all_arrive_whole() {
         assert_eq!(r.status, 200, "request {i}: {}", r.text());
     }
 }
+
+#[test]
+fn embeddings_and_responses_pass_through() {
+    let reply =
+        br#"{"object":"list","data":[{"object":"embedding","index":0,"embedding":[0.1,0.2]}]}"#.to_vec();
+    let head =
+        format!("HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: {}", reply.len());
+    let up = Scripted::start(Box::leak(head.into_boxed_str()), reply.clone());
+    let proxy = Proxy::start(&policy("", "policy = \"prefix_hash\"", &["m"], &[("s", up.url())]));
+    let emb = br#"{"model":"m","input":["a","b"],"encoding_format":"float"}"#;
+    let r = request(proxy.addr, "POST", "/v1/embeddings", &[("content-type", "application/json")], emb);
+    assert_eq!((r.status, r.body.clone()), (200, reply.clone()), "{}", r.text());
+    assert_eq!(r.header("x-warmpath-route"), Some("prefix_hash; reason=hash"));
+    let resp =
+        br#"{"model":"m","instructions":"be brief","input":[{"role":"user","content":"hi"}],"store":false}"#;
+    let r = request(proxy.addr, "POST", "/v1/responses", &[("content-type", "application/json")], resp);
+    assert_eq!(r.status, 200);
+    let bodies = up.bodies.lock().expect("lock");
+    assert_eq!((bodies[0].as_slice(), bodies[1].as_slice()), (&emb[..], &resp[..]));
+    let heads = up.heads.lock().expect("lock");
+    assert!(heads[0].starts_with("POST /v1/embeddings ") && heads[1].starts_with("POST /v1/responses "));
+    drop((bodies, heads));
+    let r = request(proxy.addr, "POST", "/v1/embeddings", &[], br#"{"model":"m"}"#);
+    assert_eq!(r.status, 400, "input is required: {}", r.text());
+}
+
+#[test]
+fn a_slow_body_gets_408_and_json_logs_are_json() {
+    use std::io::{Read, Write};
+    let e = Engine::sim("m", &[]);
+    let proxy = Proxy::start(&policy(
+        "[limits]\nbody_read_timeout_ms = 300\n[log]\nformat = \"json\"\n",
+        "",
+        &["m"],
+        &[("e", e.url())],
+    ));
+    let mut s = std::net::TcpStream::connect(proxy.addr).expect("connect");
+    s.set_read_timeout(Some(std::time::Duration::from_secs(5))).expect("timeout");
+    s.write_all(b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-length: 100\r\n\r\n{\"model\":")
+        .expect("send");
+    let mut out = Vec::new();
+    let _ = s.read_to_end(&mut out);
+    let r = parse_response(&out);
+    assert_eq!(r.status, 408, "{}", r.text());
+    assert_eq!(r.json()["error"]["code"], "request_timeout");
+    assert_eq!(post_json(proxy.addr, "/v1/chat/completions", &chat("m", "hi", 1)).status, 200);
+    assert!(eventually(std::time::Duration::from_secs(3), || proxy.log.text().contains("\"status\":200")));
+    let access: Vec<serde_json::Value> = proxy
+        .log
+        .text()
+        .lines()
+        .filter(|l| l.contains("warmpath::access"))
+        .map(|l| serde_json::from_str(l).unwrap_or_else(|_| panic!("not JSON: {l}")))
+        .collect();
+    assert!(access.iter().any(|v| v["fields"]["status"] == 408), "{access:?}");
+    assert!(
+        access.iter().any(|v| v["fields"]["status"] == 200 && v["fields"]["backend"] == "e"),
+        "{access:?}"
+    );
+}
