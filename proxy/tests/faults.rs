@@ -258,17 +258,8 @@ fn b_is_not_enough(proxy: &Proxy, mut b: Engine) {
 fn client_disconnect_cancels_the_engine_request() {
     let e = Engine::sim("m", &["--sim-itl-ms", "20"]);
     let proxy = Proxy::start(&policy("", "", &["m"], &[("e", e.url())]));
-    let body = stream_body("m", 2000).to_string();
-    let mut s = TcpStream::connect(proxy.addr).expect("connect");
-    write!(
-        s,
-        "POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-length: {}\r\n\r\n{body}",
-        body.len()
-    )
-    .expect("send");
-    let mut buf = [0u8; 4096];
-    let n = s.read(&mut buf).expect("first bytes");
-    assert!(String::from_utf8_lossy(&buf[..n]).starts_with("HTTP/1.1 200"));
+    let (s, head) = open_stream(proxy.addr, "m", 2000);
+    assert!(head.starts_with("http/1.1 200"), "{head}");
     let running = |e: &Engine| metric(&e.metrics(), "vllm:num_requests_running");
     assert!(eventually(Duration::from_secs(5), || running(&e) == Some(1.0)), "generating");
     drop(s);
@@ -286,17 +277,8 @@ fn client_disconnect_cancels_the_engine_request() {
 fn a_full_backend_answers_429() {
     let e = Engine::sim("m", &["--sim-itl-ms", "50"]);
     let proxy = Proxy::start(&policy("", "max_inflight_per_backend = 1", &["m"], &[("e", e.url())]));
-    let body = stream_body("m", 200).to_string();
-    let mut s = TcpStream::connect(proxy.addr).expect("connect");
-    write!(
-        s,
-        "POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-length: {}\r\n\r\n{body}",
-        body.len()
-    )
-    .expect("send");
-    let mut buf = [0u8; 1024];
-    let n = s.read(&mut buf).expect("stream started");
-    assert!(n > 0);
+    let (s, head) = open_stream(proxy.addr, "m", 200);
+    assert!(head.starts_with("http/1.1 200"), "{head}");
     let r = post_json(proxy.addr, "/v1/chat/completions", &chat("m", "hi", 1));
     assert_eq!(r.status, 429, "{}", r.text());
     assert_eq!(r.json()["error"]["code"], "backends_saturated");

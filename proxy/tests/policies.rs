@@ -4,8 +4,6 @@
 mod common;
 
 use std::collections::HashMap;
-use std::io::{Read, Write};
-use std::net::TcpStream;
 use std::process::Command;
 use std::time::Duration;
 
@@ -57,24 +55,10 @@ fn least_load_spreads_concurrent_requests() {
     let es: Vec<Engine> = (0..2).map(|_| Engine::sim("m", &["--sim-itl-ms", "20"])).collect();
     let proxy = Proxy::start(&policy("", "policy = \"least_load\"", &["m"], &backends(&es)));
     // Four long streams held open at once: least load puts two on each engine.
-    let body = {
-        let mut b = chat("m", "go on", 300);
-        b["stream"] = json!(true);
-        b.to_string()
-    };
     let mut held = Vec::new();
     let mut counts: HashMap<String, usize> = HashMap::new();
     for _ in 0..4 {
-        let mut s = TcpStream::connect(proxy.addr).expect("connect");
-        write!(
-            s,
-            "POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-length: {}\r\n\r\n{body}",
-            body.len()
-        )
-        .expect("send");
-        let mut buf = [0u8; 2048];
-        let n = s.read(&mut buf).expect("head");
-        let head = String::from_utf8_lossy(&buf[..n]).to_ascii_lowercase();
+        let (s, head) = open_stream(proxy.addr, "m", 300);
         let backend = head
             .lines()
             .find_map(|l| l.strip_prefix("x-warmpath-backend: "))

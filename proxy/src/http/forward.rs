@@ -26,37 +26,20 @@ use crate::route::{Backend, Ejection, NoBackend, Pool, Selected};
 /// Most bytes of a 5xx body kept to hand to the client if no retry succeeds.
 const MAX_ERROR_BODY: usize = 1 << 20;
 
-/// Hop-by-hop headers (RFC 9110 §7.6.1) and the ones warmpath sets itself.
+/// Hop-by-hop headers (RFC 9110 §7.6.1): never forwarded in either direction.
+const HOP_BY_HOP: [&str; 7] =
+    ["connection", "keep-alive", "proxy-connection", "te", "trailer", "transfer-encoding", "upgrade"];
+
+/// Request headers warmpath does not forward: hop-by-hop ones and those it sets per backend.
 fn skip_request_header(name: &HeaderName) -> bool {
-    matches!(
-        name.as_str(),
-        "connection"
-            | "keep-alive"
-            | "proxy-connection"
-            | "te"
-            | "trailer"
-            | "transfer-encoding"
-            | "upgrade"
-            | "host"
-            | "content-length"
-            | "expect"
-            | "proxy-authorization"
-    )
+    let n = name.as_str();
+    HOP_BY_HOP.contains(&n) || matches!(n, "host" | "content-length" | "expect" | "proxy-authorization")
 }
 
+/// Response headers warmpath does not copy: hop-by-hop ones and those framing sets again.
 fn skip_response_header(name: &HeaderName) -> bool {
-    matches!(
-        name.as_str(),
-        "connection"
-            | "keep-alive"
-            | "proxy-connection"
-            | "te"
-            | "trailer"
-            | "transfer-encoding"
-            | "upgrade"
-            | "date"
-            | "content-length"
-    )
+    let n = name.as_str();
+    HOP_BY_HOP.contains(&n) || matches!(n, "date" | "content-length")
 }
 
 /// Why an attempt did not produce the client's answer.

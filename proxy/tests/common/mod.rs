@@ -375,6 +375,24 @@ pub fn eventually(timeout: Duration, mut f: impl FnMut() -> bool) -> bool {
     false
 }
 
+/// Starts a streaming chat request for `max_tokens` tokens and returns the open connection with
+/// the first bytes of the answer (status line and headers, lowercased), leaving the stream running.
+pub fn open_stream(addr: SocketAddr, model: &str, max_tokens: u32) -> (TcpStream, String) {
+    let mut body = chat(model, "tell me a story", max_tokens);
+    body["stream"] = serde_json::json!(true);
+    let body = body.to_string();
+    let mut s = TcpStream::connect(addr).expect("connect");
+    write!(
+        s,
+        "POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-length: {}\r\n\r\n{body}",
+        body.len()
+    )
+    .expect("send");
+    let mut buf = [0u8; 4096];
+    let n = s.read(&mut buf).expect("first bytes");
+    (s, String::from_utf8_lossy(&buf[..n]).to_ascii_lowercase())
+}
+
 pub fn chat(model: &str, text: &str, max_tokens: u32) -> serde_json::Value {
     serde_json::json!({"model": model, "messages": [{"role": "user", "content": text}], "max_tokens": max_tokens})
 }

@@ -1,18 +1,14 @@
 //! OpenAI wire types: what clients send and what servers answer, for Chat Completions,
-//! Completions, Embeddings, Responses (requests), Models and errors. Requests keep unknown fields in `extra` so a proxy can pass
+//! Completions, Models and errors. Requests keep unknown fields in `extra` so a proxy can pass
 //! them on untouched; servers simply ignore them (routers add fields of their own).
 
 mod chat;
 mod completions;
-mod embeddings;
 mod error;
-mod responses;
 
 pub use chat::*;
 pub use completions::*;
-pub use embeddings::*;
 pub use error::*;
-pub use responses::*;
 
 use serde::{Deserialize, Serialize};
 
