@@ -6,6 +6,7 @@ mod common;
 
 use std::io::{Read, Write};
 use std::net::TcpStream;
+use std::process::Command;
 use std::time::{Duration, Instant};
 
 use common::*;
@@ -369,4 +370,25 @@ fn smuggling_and_bad_framing_are_refused() {
     assert!(!raw(huge_header.as_bytes()).contains(" 200 "));
     // Still serving.
     assert_eq!(get(proxy.addr, "/v1/models").status, 200);
+}
+
+#[test]
+fn sigterm_lets_in_flight_streams_finish() {
+    // 40 tokens 50 ms apart: 2 s of stream, inside a 4 s grace period.
+    let e = Engine::sim("m", &["--sim-itl-ms", "50", "--sim-jitter", "0"]);
+    let mut proxy =
+        Proxy::start(&policy("[server]\ngrace_period_secs = 4\n", "", &["m"], &[("e", e.url())]));
+    let (mut s, head) = open_stream(proxy.addr, "m", 40);
+    assert!(head.starts_with("http/1.1 200"), "{head}");
+    let pid = proxy.child.id().to_string();
+    assert!(Command::new("kill").args(["-TERM", &pid]).status().expect("kill").success());
+    s.set_read_timeout(Some(Duration::from_secs(15))).expect("timeout");
+    let mut rest = Vec::new();
+    let _ = s.read_to_end(&mut rest);
+    let text = String::from_utf8_lossy(&rest);
+    assert!(text.contains("data: [DONE]"), "the stream ran to its end: {text}");
+    assert!(!text.contains("event: error"), "{text}");
+    // It exits once the grace period is over, not before the stream is done.
+    let exited = eventually(Duration::from_secs(20), || matches!(proxy.child.try_wait(), Ok(Some(_))));
+    assert!(exited, "warmpath exits after SIGTERM");
 }
