@@ -12,7 +12,7 @@ pub fn small(model: &str) -> Vec<u8> {
 fn tool(i: usize) -> Value {
     json!({"type": "function", "function": {
         "name": format!("tool_{i:03}_{}", ["search", "read", "write", "list", "run"][i % 5]),
-        "description": format!("Tool number {i}: performs operation {i} on the workspace and returns a JSON summary of what changed, with paths and sizes."),
+        "description": format!("Tool number {i}: performs operation {i} on the workspace; returns a JSON summary."),
         "parameters": {"type": "object", "properties": {
             "path": {"type": "string", "description": "Workspace-relative path."},
             "query": {"type": "string", "description": "What to look for."},
@@ -25,7 +25,7 @@ fn tool(i: usize) -> Value {
 pub fn agent(model: &str) -> Vec<u8> {
     let system = format!(
         "You are a coding agent working in a large repository. {}\nCurrent time: 2026-12-02T10:00:00Z",
-        "Follow the repository's conventions, explain each change, run the tests before you finish, and never invent file contents. ".repeat(60)
+        "Follow the repository's conventions, explain each change, run the tests before you finish, and never invent file contents. ".repeat(40)
     );
     let mut messages = vec![json!({"role": "system", "content": system})];
     for t in 0..5 {
@@ -48,7 +48,7 @@ mod tests {
     #[test]
     fn agent_request_is_about_60_kb_with_20_messages() {
         let body = super::agent("m");
-        assert!((50_000..70_000).contains(&body.len()), "{}", body.len());
+        assert!((55_000..65_000).contains(&body.len()), "{}", body.len());
         let v: serde_json::Value = serde_json::from_slice(&body).expect("json");
         assert_eq!(v["messages"].as_array().map(Vec::len), Some(21), "system + 20");
         assert_eq!(v["tools"].as_array().map(Vec::len), Some(120));
