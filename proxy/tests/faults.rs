@@ -376,8 +376,7 @@ fn smuggling_and_bad_framing_are_refused() {
 fn sigterm_lets_in_flight_streams_finish() {
     // 40 tokens 50 ms apart: 2 s of stream, inside a 4 s grace period.
     let e = Engine::sim("m", &["--sim-itl-ms", "50", "--sim-jitter", "0"]);
-    let mut proxy =
-        Proxy::start(&policy("[server]\ngrace_period_secs = 4\n", "", &["m"], &[("e", e.url())]));
+    let mut proxy = Proxy::start(&policy("[server]\ngrace_period_secs = 4\n", "", &["m"], &[("e", e.url())]));
     let (mut s, head) = open_stream(proxy.addr, "m", 40);
     assert!(head.starts_with("http/1.1 200"), "{head}");
     let pid = proxy.child.id().to_string();
