@@ -80,6 +80,7 @@ pub fn run(cfg: Config) -> anyhow::Result<()> {
         pingora::apps::http_app::HttpServer::new_app(AdminApp {
             metrics: metrics.clone(),
             router: router.clone(),
+            api: cfg.server.listen,
         }),
     );
     admin.add_tcp(&cfg.server.admin.to_string());

@@ -1,5 +1,6 @@
 //! The admin listener: `/metrics` (Prometheus text format), `/healthz` (the process answers)
-//! and `/readyz` (every pool has a backend that takes traffic).
+//! and `/readyz` (the API listener accepts connections and every pool has a backend that takes
+//! traffic).
 
 use std::sync::Arc;
 use std::time::Instant;
@@ -15,6 +16,9 @@ use crate::route::Router;
 pub struct AdminApp {
     pub metrics: Metrics,
     pub router: Arc<Router>,
+    /// The API listener, checked by `/readyz` (pingora starts its services independently, so the
+    /// admin listener can answer before the API one is bound).
+    pub api: std::net::SocketAddr,
 }
 
 fn reply(status: u16, content_type: &str, body: Vec<u8>) -> Response<Vec<u8>> {
@@ -27,6 +31,19 @@ fn reply(status: u16, content_type: &str, body: Vec<u8>) -> Response<Vec<u8>> {
 }
 
 impl AdminApp {
+    async fn api_listening(&self) -> bool {
+        let mut addr = self.api;
+        if addr.ip().is_unspecified() {
+            addr.set_ip(if addr.is_ipv4() {
+                [127, 0, 0, 1].into()
+            } else {
+                std::net::Ipv6Addr::LOCALHOST.into()
+            });
+        }
+        let connect = tokio::net::TcpStream::connect(addr);
+        matches!(tokio::time::timeout(std::time::Duration::from_millis(500), connect).await, Ok(Ok(_)))
+    }
+
     /// Pools without a backend that takes traffic.
     fn unready_pools(&self) -> Vec<&str> {
         let now = Instant::now();
@@ -45,6 +62,11 @@ impl ServeHttp for AdminApp {
         match session.req_header().uri.path() {
             "/metrics" => reply(200, "text/plain; version=0.0.4", self.metrics.render()),
             "/healthz" => reply(200, "text/plain", b"ok\n".to_vec()),
+            "/readyz" if !self.api_listening().await => reply(
+                503,
+                "text/plain",
+                format!("API listener {} not accepting yet\n", self.api).into_bytes(),
+            ),
             "/readyz" => match self.unready_pools().as_slice() {
                 [] => reply(200, "text/plain", b"ready\n".to_vec()),
                 pools => {

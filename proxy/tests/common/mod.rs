@@ -182,7 +182,9 @@ impl Proxy {
         let proxy = Proxy { addr, admin, child, log, _dir: dir };
         let path = if ready { "/readyz" } else { "/healthz" };
         let up = eventually(Duration::from_secs(30), || {
-            TcpStream::connect(admin).is_ok() && get(admin, path).status == 200
+            TcpStream::connect(admin).is_ok()
+                && get(admin, path).status == 200
+                && TcpStream::connect(addr).is_ok()
         });
         assert!(up, "warmpath did not become ready:\n{}", proxy.log.text());
         proxy
