@@ -42,16 +42,27 @@ async fn connect(addr: SocketAddr) -> anyhow::Result<Sender> {
     Ok(sender)
 }
 
-/// One request; `Ok(status)` once the whole body is in.
-pub async fn send(sender: &mut Sender, addr: SocketAddr, path: &str, body: &Bytes) -> anyhow::Result<u16> {
+/// One request; `Ok((status, reusable))` once the whole body is in. `reusable` is false when
+/// the server announced `connection: close` (nginx does every `keepalive_requests`), so the
+/// caller reconnects instead of counting the next request's reset as an error.
+pub async fn send(
+    sender: &mut Sender,
+    addr: SocketAddr,
+    path: &str,
+    body: &Bytes,
+) -> anyhow::Result<(u16, bool)> {
     let req = hyper::Request::post(path)
         .header("host", addr.to_string())
         .header("content-type", "application/json")
         .body(Full::new(body.clone()))?;
     let resp = sender.send_request(req).await?;
     let status = resp.status().as_u16();
+    let close = resp
+        .headers()
+        .get(hyper::header::CONNECTION)
+        .is_some_and(|v| v.as_bytes().eq_ignore_ascii_case(b"close"));
     resp.into_body().collect().await?;
-    Ok(status)
+    Ok((status, !close && !sender.is_closed()))
 }
 
 pub async fn run(
@@ -80,8 +91,16 @@ pub async fn run(
                     };
                     let t = Instant::now();
                     match send(s, addr, path, &body).await {
-                        Ok(200) => lat.push(t.elapsed()),
-                        Ok(_) => errors += 1,
+                        Ok((status, reusable)) => {
+                            if status == 200 {
+                                lat.push(t.elapsed());
+                            } else {
+                                errors += 1;
+                            }
+                            if !reusable {
+                                sender = None;
+                            }
+                        }
                         Err(_) => {
                             errors += 1;
                             sender = None;

@@ -1,12 +1,20 @@
 //! `warmpath-bench`: benchmark programs. Each prints figures measured side by side in one run.
 
+mod agent;
+mod compare;
 mod engine;
+mod fleet;
 mod load;
 mod overhead;
 mod procfs;
+mod refs;
+mod replay;
+mod report;
 mod requests;
 mod targets;
+mod trace;
 mod upstream;
+mod workload;
 
 use clap::{Parser, Subcommand};
 
@@ -25,13 +33,33 @@ enum Cmd {
     /// Proxy overhead: warmpath vs a direct connection vs nginx, sglang-router and vllm-router in
     /// front of the same fast upstream, small and ~60 KB requests.
     Overhead(overhead::Args),
+    /// Routers side by side on one workload (a Mooncake trace replay, or agent sessions) against
+    /// N engines with finite KV caches: hit rates beside the oracle and partition ceiling, TTFT,
+    /// imbalance, client bytes, proxy CPU.
+    Compare(Box<compare::Args>),
 }
 
 fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
     let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
-    match cli.cmd {
-        Cmd::Engine(a) => rt.block_on(engine::run(a)),
-        Cmd::Overhead(a) => rt.block_on(overhead::run(a)),
+    rt.block_on(until_signal(async move {
+        match cli.cmd {
+            Cmd::Engine(a) => engine::run(a).await,
+            Cmd::Overhead(a) => overhead::run(a).await,
+            Cmd::Compare(a) => compare::run(*a).await,
+        }
+    }))
+}
+
+/// Runs `work` until it ends or SIGINT/SIGTERM arrives. On a signal the future is dropped, and
+/// with it every target it started (their `Drop` kills the child processes), so an interrupted
+/// benchmark leaves no proxies or engines behind.
+async fn until_signal(work: impl std::future::Future<Output = anyhow::Result<()>>) -> anyhow::Result<()> {
+    use tokio::signal::unix::{signal, SignalKind};
+    let mut term = signal(SignalKind::terminate())?;
+    tokio::select! {
+        r = work => r,
+        _ = tokio::signal::ctrl_c() => anyhow::bail!("interrupted"),
+        _ = term.recv() => anyhow::bail!("terminated"),
     }
 }

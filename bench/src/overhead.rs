@@ -26,6 +26,9 @@ pub struct Args {
     /// Concurrent keep-alive connections.
     #[arg(long, default_value_t = 8)]
     concurrency: usize,
+    /// warmpath's worker threads (`[server] threads`); nginx runs one worker process.
+    #[arg(long, default_value_t = 1)]
+    proxy_threads: usize,
     /// Peers to leave out (comma-separated: nginx, sglang-router, vllm-router).
     #[arg(long, value_delimiter = ',')]
     skip: Vec<String>,
@@ -72,7 +75,7 @@ async fn measure(t: &Target, body: &Bytes, n: usize, concurrency: usize) -> Samp
     }
 }
 
-fn date() -> String {
+pub fn date() -> String {
     // Civil date from days since the epoch (Howard Hinnant's algorithm).
     let secs =
         std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0);
@@ -95,17 +98,18 @@ pub async fn run(a: Args) -> anyhow::Result<()> {
     let small = Bytes::from(requests::small(model));
     let agent = Bytes::from(requests::agent(model));
 
-    let mut list: Vec<Target> = vec![targets::direct(up), targets::warmpath(up, "round_robin")?];
+    let mut list: Vec<Target> =
+        vec![targets::direct(up), targets::warmpath(&[up], "round_robin", a.proxy_threads, "")?];
     let skip = |n: &str| a.skip.iter().any(|s| s == n);
     if !skip("nginx") {
-        list.push(targets::nginx(up)?);
+        list.push(targets::nginx(&[up])?);
     }
     for (which, policies) in
         [("sglang-router", &["round_robin"][..]), ("vllm-router", &["round_robin", "cache_aware"][..])]
     {
         if !skip(which) {
             for p in policies {
-                list.push(targets::rust_router(which, up, p)?);
+                list.push(targets::rust_router(which, &[up], p)?);
             }
         }
     }

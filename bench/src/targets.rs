@@ -1,6 +1,6 @@
-//! The systems an overhead run compares, each started by the benchmark itself in front of the
-//! same upstream: a direct connection, warmpath, nginx (Debian), sglang-router and vllm-router
-//! (PyPI, installed by `scripts/bench-peers` into `bench/.peers`).
+//! The systems a benchmark compares, each started by the benchmark itself in front of the same
+//! backends: a direct connection, warmpath, nginx (Debian), sglang-router and vllm-router (PyPI,
+//! installed by `scripts/bench-peers` into `bench/.peers`).
 
 use std::net::{SocketAddr, TcpListener};
 use std::path::{Path, PathBuf};
@@ -45,7 +45,7 @@ fn work_dir(name: &str) -> anyhow::Result<PathBuf> {
     Ok(d)
 }
 
-fn spawn(name: &str, cmd: &mut Command, addr: SocketAddr) -> anyhow::Result<Target> {
+pub fn spawn(name: &str, cmd: &mut Command, addr: SocketAddr) -> anyhow::Result<Target> {
     let log = std::fs::File::create(work_dir(name)?.join("log.txt"))?;
     let child = cmd
         .stdout(Stdio::from(log.try_clone()?))
@@ -59,46 +59,61 @@ pub fn direct(upstream: SocketAddr) -> Target {
     Target { name: "direct".into(), addr: upstream, child: None }
 }
 
-pub fn warmpath(upstream: SocketAddr, policy: &str) -> anyhow::Result<Target> {
+/// warmpath with one pool over `backends` under `policy`; `threads` is its `[server] threads`;
+/// `extra` is TOML appended to the generated policy file (tables of the pool, such as
+/// `[pools.prefix_hash]`).
+pub fn warmpath(
+    backends: &[SocketAddr],
+    policy: &str,
+    threads: usize,
+    extra: &str,
+) -> anyhow::Result<Target> {
     let bin = root().join("target/release/warmpath");
     anyhow::ensure!(bin.exists(), "{} missing: cargo build --release -p warmpath", bin.display());
     let (addr, admin) = (free_addr()?, free_addr()?);
-    let dir = work_dir("warmpath")?;
+    let dir = work_dir(&format!("warmpath-{policy}"))?;
     let file = dir.join("policy.toml");
-    std::fs::write(
-        &file,
-        format!(
-            "[server]\nlisten = \"{addr}\"\nadmin = \"{admin}\"\n[log]\nlevel = \"warn\"\n\
-             [[pools]]\nname = \"bench\"\nmodels = [\"*\"]\npolicy = \"{policy}\"\n\
-             [[pools.backends]]\nname = \"up\"\nurl = \"http://{upstream}\"\n"
-        ),
-    )?;
-    let mut t = spawn("warmpath", Command::new(bin).arg("--config").arg(&file), addr)?;
+    let mut toml = format!(
+        "[server]\nlisten = \"{addr}\"\nadmin = \"{admin}\"\nthreads = {threads}\n\
+         [log]\nlevel = \"warn\"\n\
+         [[pools]]\nname = \"bench\"\nmodels = [\"*\"]\npolicy = \"{policy}\"\nmax_inflight_per_backend = 4096\n"
+    );
+    for (i, b) in backends.iter().enumerate() {
+        toml.push_str(&format!("[[pools.backends]]\nname = \"b{i}\"\nurl = \"http://{b}\"\n"));
+    }
+    toml.push_str(extra);
+    std::fs::write(&file, toml)?;
+    let mut t = spawn(&format!("warmpath-{policy}"), Command::new(bin).arg("--config").arg(&file), addr)?;
     t.name = format!("warmpath {policy}");
     Ok(t)
 }
 
-pub fn nginx(upstream: SocketAddr) -> anyhow::Result<Target> {
+/// nginx round robin over `backends` (one worker process, keep-alive upstream connections).
+pub fn nginx(backends: &[SocketAddr]) -> anyhow::Result<Target> {
     let bin = ["/usr/sbin/nginx", "/usr/bin/nginx"].into_iter().find(|p| Path::new(p).exists());
     let bin = bin.context("nginx missing: scripts/bench-peers installs it")?;
     let addr = free_addr()?;
     let dir = work_dir("nginx")?;
     let d = dir.display();
+    let servers: String = backends.iter().map(|b| format!("server {b}; ")).collect();
     let conf = format!(
         "worker_processes 1;\ndaemon off;\npid {d}/nginx.pid;\nerror_log {d}/error.log warn;\n\
-         events {{ worker_connections 1024; }}\n\
-         http {{\n  access_log off;\n  client_body_temp_path {d}/body;\n  proxy_temp_path {d}/proxy;\n\
+         events {{ worker_connections 4096; }}\n\
+         http {{\n  access_log off;\n  keepalive_requests 1000000;\n  client_body_temp_path {d}/body;\n  proxy_temp_path {d}/proxy;\n\
            fastcgi_temp_path {d}/fastcgi;\n  uwsgi_temp_path {d}/uwsgi;\n  scgi_temp_path {d}/scgi;\n\
-           upstream up {{ server {upstream}; keepalive 64; }}\n\
+           upstream up {{ {servers}keepalive 64; keepalive_requests 1000000; }}\n\
            server {{\n    listen {addr};\n    client_max_body_size 64m;\n    client_body_buffer_size 1m;\n\
-             location / {{ proxy_pass http://up; proxy_http_version 1.1; proxy_set_header Connection \"\"; proxy_buffering off; }}\n  }}\n}}\n"
+             location / {{ proxy_pass http://up; proxy_http_version 1.1; proxy_set_header Connection \"\"; proxy_buffering off; proxy_read_timeout 300s; }}\n  }}\n}}\n"
     );
     std::fs::write(dir.join("nginx.conf"), conf)?;
-    spawn("nginx", Command::new(bin).arg("-p").arg(&dir).arg("-c").arg(dir.join("nginx.conf")), addr)
+    let mut t =
+        spawn("nginx", Command::new(bin).arg("-p").arg(&dir).arg("-c").arg(dir.join("nginx.conf")), addr)?;
+    t.name = "nginx round_robin".into();
+    Ok(t)
 }
 
-/// sglang-router or vllm-router (same command-line shape).
-pub fn rust_router(which: &str, upstream: SocketAddr, policy: &str) -> anyhow::Result<Target> {
+/// sglang-router or vllm-router (same command-line shape) over `backends`.
+pub fn rust_router(which: &str, backends: &[SocketAddr], policy: &str) -> anyhow::Result<Target> {
     let (venv, exe) = match which {
         "sglang-router" => ("venv", "sglang-router"),
         _ => ("vllm-venv", "vllm-router"),
@@ -112,11 +127,12 @@ pub fn rust_router(which: &str, upstream: SocketAddr, policy: &str) -> anyhow::R
         cmd.arg("launch");
     }
     cmd.args(["--host", "127.0.0.1", "--port", &addr.port().to_string()])
-        .args(["--worker-urls", &format!("http://{upstream}")])
+        .arg("--worker-urls")
+        .args(backends.iter().map(|b| format!("http://{b}")))
         .args(["--policy", policy])
         .args(["--prometheus-host", "127.0.0.1", "--prometheus-port", &prom.port().to_string()])
         .env("HF_HUB_OFFLINE", "1");
-    let mut t = spawn(which, &mut cmd, addr)?;
+    let mut t = spawn(&format!("{which}-{policy}"), &mut cmd, addr)?;
     t.name = format!("{which} {policy}");
     Ok(t)
 }

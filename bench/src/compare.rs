@@ -1,0 +1,698 @@
+//! `compare`: one workload, against the same N engines, through each target in turn — warmpath
+//! under its policies, sglang-router, vllm-router, nginx, or a direct connection — with the
+//! engines' prefix caches emptied before every run.
+//! - `--workload trace`: a Mooncake trace replayed open-loop. Hit rates beside the offline oracle
+//!   and partition ceiling, TTFT and end-to-end percentiles, prefilled tokens, request and work
+//!   imbalance across backends, client bytes, proxy CPU and RSS, errors.
+//! - `--workload agent`: agent sessions run closed-loop under each client mode (`naive`: a new
+//!   connection per turn; `http`: keep-alive), with the same figures plus a per-turn table
+//!   (prefilled tokens, TTFT, client bytes as conversations grow).
+
+use std::fmt::Write as _;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use warmpath_wire::tokenizer::Tokenizer;
+
+use crate::agent::{self, AgentOpts};
+use crate::fleet::{Counters, EngineOpts, Fleet, BLOCK_SIZE};
+use crate::refs::{self, HitRate};
+use crate::replay::{self, Connection, Outcome, Progress};
+use crate::report::{self, Chart};
+use crate::targets::{self, Target};
+use crate::trace::{self, TraceOpts};
+use crate::workload::Request;
+use crate::{overhead, procfs};
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum Scenario {
+    /// The trace as recorded (after scaling).
+    Plain,
+    /// Arrivals sped up until the engines are about `--busy` busy.
+    HighLoad,
+    /// One long system prompt shared by every request (one agent persona for all traffic).
+    HotPrefix,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum Workload {
+    Trace,
+    Agent,
+}
+
+/// How the agent workload's client talks to the target.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum Mode {
+    /// Full resend over a new HTTP connection per turn.
+    Naive,
+    /// Full resend over one keep-alive connection per session.
+    Http,
+}
+
+#[derive(clap::Args)]
+pub struct Args {
+    #[arg(long, value_enum, default_value_t = Workload::Trace)]
+    workload: Workload,
+    /// Mooncake-format trace (default: the synthetic trace in ../shared/traces).
+    #[arg(long)]
+    trace: Option<PathBuf>,
+    #[arg(long, value_enum, default_value_t = Scenario::Plain)]
+    scenario: Scenario,
+    /// Number of engine replicas.
+    #[arg(long, default_value_t = 4)]
+    backends: usize,
+    /// Targets, `system:policy`: warmpath:round_robin|least_load|prefix_hash|session,
+    /// sglang-router:POLICY, vllm-router:POLICY, nginx:round_robin, direct (all to engine 0).
+    /// Default for `trace`: warmpath round_robin and prefix_hash, sglang-router and vllm-router
+    /// cache_aware, nginx; for `agent`: warmpath:session.
+    #[arg(long, value_delimiter = ',')]
+    targets: Vec<String>,
+    /// agent: client modes, each run against every target.
+    #[arg(long, value_delimiter = ',', default_value = "naive,http")]
+    modes: Vec<Mode>,
+    /// agent: concurrent sessions.
+    #[arg(long, default_value_t = 8)]
+    sessions: usize,
+    /// agent: turns per session.
+    #[arg(long, default_value_t = 10)]
+    turns: usize,
+    /// agent: seed of the sessions' scripts.
+    #[arg(long, default_value_t = 1)]
+    seed: u64,
+    /// agent: tokens of the system prompt's stable part.
+    #[arg(long, default_value_t = 1500)]
+    system_tokens: usize,
+    /// agent: tool schemas per session, `MIN:MAX`.
+    #[arg(long, default_value = "100:200")]
+    tools: String,
+    /// agent: tokens of each tool result.
+    #[arg(long, default_value_t = 200)]
+    result_tokens: usize,
+    /// Length scale: a 512-token trace block becomes 512 × scale tokens.
+    #[arg(long, default_value_t = 0.0625)]
+    scale: f64,
+    /// Time speed-up of the arrivals (the high-load scenario picks its own).
+    #[arg(long, default_value_t = 16.0)]
+    speedup: f64,
+    /// First and last request of the trace, `START:END`.
+    #[arg(long)]
+    slice: Option<String>,
+    /// At most this many requests.
+    #[arg(long)]
+    cap: Option<usize>,
+    /// Tokens of the shared system prompt in the hot-prefix scenario.
+    #[arg(long, default_value_t = 1024)]
+    hot_prefix_tokens: usize,
+    /// Engine busy fraction the high-load scenario aims for (estimated offline).
+    #[arg(long, default_value_t = 0.8)]
+    busy: f64,
+    /// Cap on generated tokens per request (after scaling).
+    #[arg(long, default_value_t = 32)]
+    max_output: usize,
+    /// Runs of every target (interleaved; medians reported).
+    #[arg(long, default_value_t = 1)]
+    rounds: usize,
+    /// warmpath's worker threads.
+    #[arg(long, default_value_t = 2)]
+    proxy_threads: usize,
+    /// TOML appended to warmpath's generated policy file (e.g. `[pools.prefix_hash]` keys).
+    #[arg(long)]
+    warmpath_toml: Option<PathBuf>,
+    /// Seconds a request may take before it counts as an error.
+    #[arg(long, default_value_t = 120)]
+    timeout_s: u64,
+    /// Print the workload's size, KV sizing, references and estimated load, then exit.
+    #[arg(long)]
+    plan: bool,
+    /// Smoke test: 300 requests, 2 backends, no file written unless --out is given.
+    #[arg(long)]
+    quick: bool,
+    /// Report directory (default bench/results).
+    #[arg(long)]
+    out: Option<PathBuf>,
+    #[command(flatten)]
+    engine: EngineOpts,
+}
+
+/// How long each target's idle CPU rate is measured before its run.
+const IDLE_PROBE: Duration = Duration::from_secs(2);
+
+/// One run of one target.
+#[derive(Debug, Clone)]
+struct Run {
+    outcomes: Vec<Outcome>,
+    per_backend: Vec<Counters>,
+    wall: Duration,
+    proxy_cpu_ns: Option<u64>,
+    rss_mb: Option<f64>,
+}
+
+impl Run {
+    fn hit(&self) -> HitRate {
+        let q: f64 = self.per_backend.iter().map(|c| c.prefix_queries).sum();
+        let h: f64 = self.per_backend.iter().map(|c| c.prefix_hits).sum();
+        HitRate { hits: h as u64, queries: q as u64 }
+    }
+    fn imbalance(v: impl Iterator<Item = f64>) -> f64 {
+        let v: Vec<f64> = v.collect();
+        let mean = v.iter().sum::<f64>() / v.len().max(1) as f64;
+        v.iter().copied().fold(0.0, f64::max) / mean.max(1e-9)
+    }
+    fn request_imbalance(&self) -> f64 {
+        Self::imbalance(self.per_backend.iter().map(|c| c.requests))
+    }
+    fn work_imbalance(&self) -> f64 {
+        Self::imbalance(self.per_backend.iter().map(Counters::prefilled))
+    }
+    fn pct(&self, p: f64, f: impl Fn(&Outcome) -> Option<Duration>) -> f64 {
+        let mut v: Vec<f64> =
+            self.outcomes.iter().filter(|o| o.ok).filter_map(&f).map(|d| d.as_secs_f64() * 1e3).collect();
+        v.sort_by(f64::total_cmp);
+        if v.is_empty() {
+            return f64::NAN;
+        }
+        v[((v.len() - 1) as f64 * p).round() as usize]
+    }
+    fn errors(&self) -> usize {
+        self.outcomes.iter().filter(|o| !o.ok).count()
+    }
+    fn output_tps(&self) -> f64 {
+        self.outcomes.iter().map(|o| o.output_tokens).sum::<usize>() as f64
+            / self.wall.as_secs_f64().max(1e-9)
+    }
+}
+
+fn parse_slice(s: &Option<String>) -> anyhow::Result<(usize, Option<usize>)> {
+    let Some(s) = s else { return Ok((0, None)) };
+    let (a, b) = s.split_once(':').ok_or_else(|| anyhow::anyhow!("--slice wants START:END"))?;
+    let start = if a.is_empty() { 0 } else { a.parse()? };
+    let end = if b.is_empty() { None } else { Some(b.parse()?) };
+    Ok((start, end))
+}
+
+/// Estimated engine busy fraction at the partition ceiling's hit rate: prefill work (plus one
+/// step overhead per request) over the span of arrivals, per engine.
+fn estimated_busy(reqs: &[Request], ceiling: HitRate, o: &EngineOpts, backends: usize) -> f64 {
+    let span = reqs.last().map_or(0.0, |r| r.at.as_secs_f64()).max(1e-3);
+    let uncached = (ceiling.queries - ceiling.hits) as f64;
+    let decode_steps: f64 = reqs.iter().map(|r| r.max_tokens as f64).sum::<f64>() / o.max_num_seqs as f64;
+    let work =
+        uncached * o.prefill_us_per_token / 1e6 + decode_steps * o.itl_ms / 1e3 + reqs.len() as f64 * 0.002;
+    work / (span * backends as f64)
+}
+
+/// The workload's requests and how they are sent.
+struct Built {
+    reqs: Vec<Request>,
+    /// Trace options (for the report), or `None` for the agent workload.
+    topts: Option<TraceOpts>,
+    sessions: Vec<Vec<usize>>,
+}
+
+fn build(a: &Args, model: &str, tok: &Tokenizer) -> anyhow::Result<Built> {
+    Ok(match a.workload {
+        Workload::Trace => {
+            let path = a
+                .trace
+                .clone()
+                .unwrap_or_else(|| targets::root().join("../shared/traces/mooncake_synthetic_trace.jsonl"));
+            let records = trace::load(&path)?;
+            let topts = TraceOpts {
+                scale: a.scale,
+                speedup: a.speedup,
+                slice: parse_slice(&a.slice)?,
+                cap: if a.quick { Some(a.cap.unwrap_or(300).min(300)) } else { a.cap },
+                hot_prefix_tokens: if a.scenario == Scenario::HotPrefix { a.hot_prefix_tokens } else { 0 },
+                max_output: a.max_output,
+            };
+            let selected = trace::select(&records, &topts);
+            anyhow::ensure!(!selected.is_empty(), "the slice of {} is empty", path.display());
+            Built {
+                reqs: trace::requests(&selected, &topts, model, tok),
+                topts: Some(topts),
+                sessions: Vec::new(),
+            }
+        }
+        Workload::Agent => {
+            let (lo, hi) = a.tools.split_once(':').ok_or_else(|| anyhow::anyhow!("--tools wants MIN:MAX"))?;
+            let (lo, hi): (usize, usize) = (lo.parse()?, hi.parse()?);
+            anyhow::ensure!(1 <= lo && lo <= hi, "--tools: need 1 <= MIN <= MAX");
+            let o = AgentOpts {
+                sessions: if a.quick { a.sessions.min(4) } else { a.sessions },
+                turns: if a.quick { a.turns.min(4) } else { a.turns },
+                seed: a.seed,
+                system_tokens: a.system_tokens,
+                tools: (lo, hi),
+                result_tokens: a.result_tokens,
+                max_output: a.max_output,
+            };
+            let reqs = agent::requests(&o, model, tok);
+            let sessions = agent::sessions(&reqs);
+            Built { reqs, topts: None, sessions }
+        }
+    })
+}
+
+/// What one run sends: a target spec and, for the agent workload, a client mode.
+#[derive(Debug, Clone)]
+struct Slot {
+    spec: String,
+    mode: Option<Mode>,
+}
+
+impl Slot {
+    fn label(&self) -> String {
+        match self.mode {
+            None => self.spec.clone(),
+            Some(m) => format!("{} ({})", self.spec, mode_name(m)),
+        }
+    }
+}
+
+fn mode_name(m: Mode) -> &'static str {
+    match m {
+        Mode::Naive => "naive",
+        Mode::Http => "http",
+    }
+}
+
+pub async fn run(mut a: Args) -> anyhow::Result<()> {
+    let tok = Tokenizer::wp32k();
+    let model = "bench-model";
+    let backends = if a.quick { a.backends.min(2) } else { a.backends };
+    if a.targets.is_empty() {
+        a.targets = match a.workload {
+            Workload::Trace => "warmpath:round_robin,warmpath:prefix_hash,sglang-router:cache_aware,vllm-router:cache_aware,nginx:round_robin",
+            Workload::Agent => "warmpath:session",
+        }
+        .split(',')
+        .map(String::from)
+        .collect();
+    }
+    let mut built = build(&a, model, &tok)?;
+
+    // References and engine sizing, on exactly these prompts.
+    let prompts: Vec<&[u32]> = built.reqs.iter().map(|r| &r.tokens[..]).collect();
+    let ws = refs::working_set_blocks(&prompts, BLOCK_SIZE);
+    let longest = built.reqs.iter().map(|r| r.tokens.len() + r.max_tokens).max().unwrap_or(0);
+    let min_blocks = longest.div_ceil(BLOCK_SIZE) + 8;
+    let kv_blocks = a
+        .engine
+        .kv_blocks
+        .unwrap_or_else(|| (ws as f64 * a.engine.kv_fraction).ceil() as usize)
+        .max(min_blocks);
+    // The agent workload's sessions interleave turn by turn; the references take that order.
+    let order: Vec<usize> = if built.sessions.is_empty() {
+        (0..prompts.len()).collect()
+    } else {
+        let turns = built.sessions.iter().map(Vec::len).max().unwrap_or(0);
+        (0..turns).flat_map(|t| built.sessions.iter().filter_map(move |s| s.get(t).copied())).collect()
+    };
+    let ordered: Vec<&[u32]> = order.iter().map(|&i| prompts[i]).collect();
+    let oracle = refs::oracle(&ordered, BLOCK_SIZE);
+    let ceiling = refs::lru_ceiling(&ordered, BLOCK_SIZE, kv_blocks * backends);
+    if a.workload == Workload::Trace && a.scenario == Scenario::HighLoad {
+        // Busy fraction scales with the speed-up: solve for the one that reaches --busy.
+        // Arrival times scale with 1 / speed-up; the busy fraction with the speed-up.
+        let factor = a.busy / estimated_busy(&built.reqs, ceiling, &a.engine, backends).max(1e-9);
+        for r in &mut built.reqs {
+            r.at = r.at.div_f64(factor);
+        }
+        if let Some(t) = built.topts.as_mut() {
+            t.speedup *= factor;
+        }
+    }
+    let busy = estimated_busy(&built.reqs, ceiling, &a.engine, backends);
+    let span = built.reqs.last().map_or(0.0, |r| r.at.as_secs_f64());
+    eprintln!(
+        "{} requests{}, working set {ws} blocks, {backends} engines × {kv_blocks} blocks (KV {:.2}× the working \
+         set), {}oracle {:.3}, partition ceiling {:.3}",
+        built.reqs.len(),
+        match &built.topts {
+            Some(t) => format!(" over {span:.0} s (speed-up {:.1})", t.speedup),
+            None => format!(" ({} sessions)", built.sessions.len()),
+        },
+        (kv_blocks * backends) as f64 / ws.max(1) as f64,
+        if built.topts.is_some() { format!("estimated busy {:.0} %; ", busy * 100.0) } else { String::new() },
+        oracle.rate(),
+        ceiling.rate()
+    );
+    if a.plan {
+        return Ok(());
+    }
+    let fleet = Fleet::start(backends, &a.engine, kv_blocks, longest + 64, model).await?;
+    let extra = match &a.warmpath_toml {
+        Some(p) => std::fs::read_to_string(p)?,
+        None => String::new(),
+    };
+    let slots: Vec<Slot> = match a.workload {
+        Workload::Trace => a.targets.iter().map(|t| Slot { spec: t.clone(), mode: None }).collect(),
+        Workload::Agent => a
+            .targets
+            .iter()
+            .flat_map(|t| a.modes.iter().map(|m| Slot { spec: t.clone(), mode: Some(*m) }))
+            .collect(),
+    };
+    let reqs = Arc::new(built.reqs.clone());
+    let ready_body = Bytes::from(crate::requests::small(model));
+    let timeout = Duration::from_secs(a.timeout_s);
+    let mut runs: Vec<Vec<Run>> = vec![Vec::new(); slots.len()];
+    let total_runs = a.rounds * slots.len();
+    let mut n = 0;
+    for round in 0..a.rounds {
+        for k in 0..slots.len() {
+            let i = (k + round) % slots.len();
+            n += 1;
+            let slot = &slots[i];
+            let target = start_target(&slot.spec, &fleet.addrs(), a.proxy_threads, &extra)?;
+            targets::wait_ready(&target, &ready_body).await?;
+            // Let routers finish their start-up probes, then start every engine cold.
+            tokio::time::sleep(Duration::from_millis(500)).await;
+            fleet.reset().await?;
+            // The target's CPU while idle (health probes, timers), subtracted from the run's.
+            let idle0 = target.pid().map(procfs::cpu_ns);
+            tokio::time::sleep(IDLE_PROBE).await;
+            let before = fleet.counters().await?;
+            let cpu0 = target.pid().map(procfs::cpu_ns);
+            let idle_rate =
+                idle0.zip(cpu0).map(|(a, b)| b.saturating_sub(a) as f64 / IDLE_PROBE.as_secs_f64());
+            let progress = Arc::new(Progress::default());
+            let line = replay::progress_line(
+                format!("[{n}/{total_runs}] {}", slot.label()),
+                reqs.len(),
+                progress.clone(),
+            );
+            let start = Instant::now();
+            let outcomes = match slot.mode {
+                None => replay::open_loop(target.addr, reqs.clone(), progress, timeout).await,
+                Some(m) => {
+                    let conn = if m == Mode::Naive { Connection::PerRequest } else { Connection::KeepAlive };
+                    replay::sessions(
+                        target.addr,
+                        reqs.clone(),
+                        built.sessions.clone(),
+                        conn,
+                        Duration::ZERO,
+                        progress,
+                        timeout,
+                    )
+                    .await
+                }
+            };
+            let wall = start.elapsed();
+            let _ = line.await;
+            let cpu1 = target.pid().map(procfs::cpu_ns);
+            let after = fleet.counters().await?;
+            let rss_mb = target.pid().map(|p| procfs::rss_bytes(p) as f64 / (1 << 20) as f64);
+            if let Some(e) = outcomes.iter().find_map(|o| o.error.clone()) {
+                eprintln!("  first error: {e}");
+            }
+            runs[i].push(Run {
+                outcomes,
+                per_backend: after.iter().zip(&before).map(|(a, b)| a.minus(b)).collect(),
+                wall,
+                proxy_cpu_ns: cpu0.zip(cpu1).zip(idle_rate).map(|((a, b), idle)| {
+                    (b.saturating_sub(a) as f64 - idle * wall.as_secs_f64()).max(0.0) as u64
+                }),
+                rss_mb,
+            });
+            drop(target);
+        }
+    }
+
+    let ctx = Context {
+        a: &a,
+        slots: &slots,
+        reqs: &built.reqs,
+        topts: built.topts.as_ref(),
+        ws,
+        kv_blocks,
+        backends,
+        oracle,
+        ceiling,
+        busy,
+    };
+    let md = ctx.markdown(&runs);
+    print!("{md}");
+    let out_dir = a.out.clone().or_else(|| (!a.quick).then(|| targets::root().join("bench/results")));
+    if let Some(dir) = out_dir {
+        std::fs::create_dir_all(&dir)?;
+        let stem = match a.workload {
+            Workload::Trace => format!("compare-trace-{}-{}", scenario_name(a.scenario), overhead::date()),
+            Workload::Agent => format!("compare-agent-{}", overhead::date()),
+        };
+        std::fs::write(dir.join(format!("{stem}.svg")), ctx.chart(&runs))?;
+        let md = md.replace("CHART", &format!("![hit rate and TTFT by target]({stem}.svg)"));
+        std::fs::write(dir.join(format!("{stem}.md")), md)?;
+        eprintln!("written: {}", dir.join(format!("{stem}.md")).display());
+    }
+    drop(fleet);
+    Ok(())
+}
+
+fn scenario_name(s: Scenario) -> &'static str {
+    match s {
+        Scenario::Plain => "plain",
+        Scenario::HighLoad => "high-load",
+        Scenario::HotPrefix => "hot-prefix",
+    }
+}
+
+fn start_target(
+    spec: &str,
+    backends: &[std::net::SocketAddr],
+    threads: usize,
+    extra: &str,
+) -> anyhow::Result<Target> {
+    let (system, policy) = spec.split_once(':').unwrap_or((spec, ""));
+    match system {
+        "warmpath" => targets::warmpath(backends, if policy.is_empty() { "round_robin" } else { policy }, threads, extra),
+        "sglang-router" | "vllm-router" => {
+            targets::rust_router(system, backends, if policy.is_empty() { "cache_aware" } else { policy })
+        }
+        "nginx" => targets::nginx(backends),
+        "direct" => Ok(targets::direct(backends[0])),
+        _ => anyhow::bail!("unknown target {spec:?} (warmpath:POLICY, sglang-router:POLICY, vllm-router:POLICY, nginx, direct)"),
+    }
+}
+
+struct Context<'a> {
+    a: &'a Args,
+    slots: &'a [Slot],
+    reqs: &'a [Request],
+    topts: Option<&'a TraceOpts>,
+    ws: usize,
+    kv_blocks: usize,
+    backends: usize,
+    oracle: HitRate,
+    ceiling: HitRate,
+    busy: f64,
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    v.get(v.len() / 2).copied().unwrap_or(f64::NAN)
+}
+
+impl Context<'_> {
+    fn setup(&self) -> String {
+        let a = self.a;
+        let engines = format!(
+            "the same {} `warmpath-engine --executor {}` replicas of {} KV blocks × {BLOCK_SIZE} tokens each \
+             ({:.2}× the working set of {} blocks together), prefill {} µs/token, {} ms per decode step, \
+             {} sequences at most",
+            self.backends,
+            a.engine.executor,
+            self.kv_blocks,
+            (self.kv_blocks * self.backends) as f64 / self.ws.max(1) as f64,
+            self.ws,
+            a.engine.prefill_us_per_token,
+            a.engine.itl_ms,
+            a.engine.max_num_seqs,
+        );
+        match self.topts {
+            Some(t) => {
+                let span = self.reqs.last().map_or(0.0, |r| r.at.as_secs_f64());
+                format!(
+                    "{} requests of the Mooncake synthetic trace (lengths × {}, so a 512-token block is {} tokens; \
+                     arrivals × {:.1}, {span:.0} s; output ≤ {} tokens{}), replayed open-loop (one connection per \
+                     request, streaming) through each target to {engines}. Estimated engine busy fraction at the \
+                     ceiling's hit rate: {:.0} %.",
+                    self.reqs.len(),
+                    t.scale,
+                    ((512.0 * t.scale).round() as usize).max(1),
+                    t.speedup,
+                    t.max_output,
+                    if t.hot_prefix_tokens > 0 {
+                        format!("; every request starts with the same {}-token system prompt", t.hot_prefix_tokens)
+                    } else {
+                        String::new()
+                    },
+                    self.busy * 100.0
+                )
+            }
+            None => format!(
+                "{} agent sessions × {} turns (seed {}): a {}-token system prompt with a timestamp on its second \
+                 line that changes every turn, {} tool schemas per session in a new order on every request, a \
+                 history growing by a tool call and a {}-token tool result per turn; output ≤ {} tokens. Sessions \
+                 run concurrently, each turn sent when the previous answer is complete, streaming, to {engines}. \
+                 `naive`: a new connection per turn; `http`: one keep-alive connection per session; both resend \
+                 the whole conversation.",
+                self.reqs.iter().filter_map(|r| r.session).map(|s| s.0).max().map_or(0, |m| m + 1),
+                self.reqs.iter().filter_map(|r| r.session).map(|s| s.1).max().map_or(0, |m| m + 1),
+                a.seed,
+                a.system_tokens,
+                a.tools.replace(':', "–"),
+                a.result_tokens,
+                a.max_output,
+            ),
+        }
+    }
+
+    fn markdown(&self, runs: &[Vec<Run>]) -> String {
+        let a = self.a;
+        let mut md = String::new();
+        let cmd: Vec<String> = std::env::args().collect();
+        let title = match self.topts {
+            Some(_) => format!("Trace replay, {} scenario", scenario_name(a.scenario)),
+            None => "Agent sessions".to_owned(),
+        };
+        let _ = writeln!(md, "# {title} — {}\n", overhead::date());
+        let _ =
+            writeln!(md, "Command: `{}` (release build; peers from `scripts/bench-peers`)\n", cmd.join(" "));
+        let _ = writeln!(
+            md,
+            "{} Prefix caches are emptied before every run; {} round(s), runs rotating; medians over rounds.\n",
+            self.setup(),
+            a.rounds
+        );
+        let _ = writeln!(
+            md,
+            "References on the same prompts in the same order{}: **oracle** (one infinite cache) {:.3}; \
+             **partition ceiling** (one LRU cache as large as all engines together — no router can beat it) {:.3}.\n",
+            if self.topts.is_none() { " (turn by turn across sessions)" } else { "" },
+            self.oracle.rate(),
+            self.ceiling.rate()
+        );
+        let _ = writeln!(
+            md,
+            "| target | hit rate | / ceiling | / oracle | prefilled tokens | TTFT p50 ms | p90 | p99 | e2e p50 ms | p99 | out tok/s | req imbalance | work imbalance | client KB/req | proxy CPU µs/req | RSS MB | errors |"
+        );
+        let _ = writeln!(md, "| --- |{}", " ---: |".repeat(16));
+        for (i, slot) in self.slots.iter().enumerate() {
+            let rs = &runs[i];
+            let m = |f: &dyn Fn(&Run) -> f64| median(rs.iter().map(f).collect());
+            let hit = m(&|r| r.hit().rate());
+            let cpu = rs
+                .iter()
+                .all(|r| r.proxy_cpu_ns.is_some())
+                .then(|| m(&|r| r.proxy_cpu_ns.unwrap_or(0) as f64 / 1e3 / r.outcomes.len().max(1) as f64));
+            let rss = rs.iter().all(|r| r.rss_mb.is_some()).then(|| m(&|r| r.rss_mb.unwrap_or(0.0)));
+            let _ = writeln!(
+                md,
+                "| {} | {hit:.3} | {:.3} | {:.3} | {:.0} | {:.0} | {:.0} | {:.0} | {:.0} | {:.0} | {:.0} | {:.2} | {:.2} | {:.1} | {} | {} | {} |",
+                slot.label(),
+                hit / self.ceiling.rate().max(1e-9),
+                hit / self.oracle.rate().max(1e-9),
+                m(&|r| r.per_backend.iter().map(Counters::prefilled).sum()),
+                m(&|r| r.pct(0.5, |o| o.ttft)),
+                m(&|r| r.pct(0.9, |o| o.ttft)),
+                m(&|r| r.pct(0.99, |o| o.ttft)),
+                m(&|r| r.pct(0.5, |o| Some(o.e2e))),
+                m(&|r| r.pct(0.99, |o| Some(o.e2e))),
+                m(&|r| r.output_tps()),
+                m(&|r| r.request_imbalance()),
+                m(&|r| r.work_imbalance()),
+                m(&|r| r.outcomes.iter().map(|o| o.bytes_sent).sum::<usize>() as f64 / 1024.0 / r.outcomes.len().max(1) as f64),
+                cpu.map_or("—".into(), |c| format!("{c:.0}")),
+                rss.map_or("—".into(), |c| format!("{c:.1}")),
+                rs.iter().map(Run::errors).sum::<usize>(),
+            );
+        }
+        let _ = writeln!(md);
+        let _ = writeln!(md, "CHART\n");
+        if self.topts.is_none() {
+            md.push_str(&self.per_turn(runs));
+        }
+        let _ = writeln!(
+            md,
+            "Hit rate: Σ `vllm:prefix_cache_hits_total` / Σ `vllm:prefix_cache_queries_total` over the engines \
+             during the run (tokens; the last prompt token is never a hit, as in vLLM). Prefilled tokens: queries − hits \
+             (recomputation after preemption included). Imbalance: max / mean over engines of requests, and of \
+             prefilled tokens (work). TTFT: time to the first streamed chunk with text, wall clock, on a shared \
+             2-core machine where client, proxy and engines compete for the CPU. Client KB/req: bytes the client \
+             wrote (request line, headers, body). Proxy CPU: the target's process tree, /proc schedstat, over the \
+             run less its idle rate (measured for 2 s just before) × the run's length, ÷ requests (— for `direct`)."
+        );
+        md
+    }
+
+    /// Per turn of the agent workload: prefilled tokens (prompt − cached, from each response's
+    /// usage), TTFT p50 and client bytes, for every run.
+    fn per_turn(&self, runs: &[Vec<Run>]) -> String {
+        let mut md =
+            String::from("### Per turn (means over sessions; first round)\n\n| turn | prompt tokens |");
+        for s in self.slots {
+            let _ = write!(md, " {} prefilled | TTFT p50 ms | client KB |", s.label());
+        }
+        md.push_str("\n| ---: | ---: |");
+        md.push_str(&" ---: | ---: | ---: |".repeat(self.slots.len()));
+        md.push('\n');
+        let turns = self.reqs.iter().filter_map(|r| r.session).map(|s| s.1 + 1).max().unwrap_or(0);
+        for t in 0..turns {
+            let idx: Vec<usize> =
+                (0..self.reqs.len()).filter(|&i| self.reqs[i].session.is_some_and(|s| s.1 == t)).collect();
+            let mean = |v: Vec<f64>| v.iter().sum::<f64>() / v.len().max(1) as f64;
+            let prompt = mean(idx.iter().map(|&i| self.reqs[i].tokens.len() as f64).collect());
+            let _ = write!(md, "| {} | {prompt:.0} |", t + 1);
+            for rs in runs {
+                let Some(r) = rs.first() else {
+                    md.push_str(" — | — | — |");
+                    continue;
+                };
+                let outs: Vec<&Outcome> = idx.iter().map(|&i| &r.outcomes[i]).filter(|o| o.ok).collect();
+                let prefilled = mean(
+                    outs.iter()
+                        .filter_map(|o| Some(o.prompt_tokens? as f64 - o.cached_tokens.unwrap_or(0) as f64))
+                        .collect(),
+                );
+                let ttft =
+                    median(outs.iter().filter_map(|o| o.ttft).map(|d| d.as_secs_f64() * 1e3).collect());
+                let kb = mean(outs.iter().map(|o| o.bytes_sent as f64 / 1024.0).collect());
+                let _ = write!(md, " {prefilled:.0} | {ttft:.0} | {kb:.1} |");
+            }
+            md.push('\n');
+        }
+        md.push('\n');
+        md
+    }
+
+    fn chart(&self, runs: &[Vec<Run>]) -> String {
+        let labels: Vec<String> = self.slots.iter().map(Slot::label).collect();
+        let med = |i: usize, f: &dyn Fn(&Run) -> f64| median(runs[i].iter().map(f).collect());
+        let hits: Vec<f64> = (0..labels.len()).map(|i| med(i, &|r| r.hit().rate())).collect();
+        let p50: Vec<f64> = (0..labels.len()).map(|i| med(i, &|r| r.pct(0.5, |o| o.ttft))).collect();
+        let p99: Vec<f64> = (0..labels.len()).map(|i| med(i, &|r| r.pct(0.99, |o| o.ttft))).collect();
+        report::svg(&[
+            Chart {
+                title: "prefix-cache hit rate (tokens)".into(),
+                labels: labels.clone(),
+                series: vec![("hit rate".into(), hits)],
+                refs: vec![
+                    ("partition ceiling".into(), self.ceiling.rate()),
+                    ("oracle".into(), self.oracle.rate()),
+                ],
+                unit: String::new(),
+            },
+            Chart {
+                title: "TTFT, ms".into(),
+                labels,
+                series: vec![("p50".into(), p50), ("p99".into(), p99)],
+                refs: Vec::new(),
+                unit: " ms".into(),
+            },
+        ])
+    }
+}

@@ -1,0 +1,189 @@
+//! The backends of a comparison: N `warmpath-engine` processes on loopback (the `sim` executor
+//! with a finite KV cache, so routing decides hit rates; or `llama` for small real runs), and
+//! what the benchmark reads from them: vLLM's counters, and a prefix-cache reset between targets.
+
+use std::net::SocketAddr;
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use http_body_util::{BodyExt, Full};
+use hyper_util::rt::TokioIo;
+
+use crate::targets::{self, Target};
+
+/// How every engine of the fleet is started.
+#[derive(Debug, Clone, clap::Args)]
+pub struct EngineOpts {
+    /// Engine executor: `sim` (timing model) or `llama` (the real forward pass; small runs only).
+    #[arg(long, default_value = "sim")]
+    pub executor: String,
+    /// KV cache blocks per engine (16 tokens each); default: `--kv-fraction` of the working set.
+    #[arg(long)]
+    pub kv_blocks: Option<usize>,
+    /// KV capacity of each engine as a fraction of the workload's working set (distinct blocks).
+    #[arg(long, default_value_t = 0.15)]
+    pub kv_fraction: f64,
+    /// sim: prefill time per uncached token, µs.
+    #[arg(long, default_value_t = 60.0)]
+    pub prefill_us_per_token: f64,
+    /// sim: time per decode step, ms.
+    #[arg(long, default_value_t = 5.0)]
+    pub itl_ms: f64,
+    /// Most sequences running at once per engine.
+    #[arg(long, default_value_t = 16)]
+    pub max_num_seqs: usize,
+    /// Token budget of one scheduler step (chunked prefill).
+    #[arg(long, default_value_t = 2048)]
+    pub max_num_batched_tokens: usize,
+}
+
+pub struct Fleet {
+    pub engines: Vec<Target>,
+}
+
+pub const BLOCK_SIZE: usize = 16;
+
+impl Fleet {
+    pub fn addrs(&self) -> Vec<SocketAddr> {
+        self.engines.iter().map(|e| e.addr).collect()
+    }
+
+    /// Starts `n` engines serving `model`, each with `kv_blocks` blocks and room for prompts of
+    /// `max_model_len` tokens.
+    pub async fn start(
+        n: usize,
+        o: &EngineOpts,
+        kv_blocks: usize,
+        max_model_len: usize,
+        model: &str,
+    ) -> anyhow::Result<Fleet> {
+        let bin = targets::root().join("target/release/warmpath-engine");
+        anyhow::ensure!(bin.exists(), "{} missing: cargo build --release -p warmpath-engine", bin.display());
+        let mut engines = Vec::new();
+        for i in 0..n {
+            let addr = targets::free_addr()?;
+            let mut cmd = Command::new(&bin);
+            cmd.args(["--executor", &o.executor, "--model", "tiny", "--served-model-name", model])
+                .args(["--port", &addr.port().to_string(), "--engine-id", &i.to_string()])
+                .args(["--kv-blocks", &kv_blocks.to_string(), "--block-size", &BLOCK_SIZE.to_string()])
+                .args(["--max-model-len", &max_model_len.to_string()])
+                .args(["--max-num-seqs", &o.max_num_seqs.to_string()])
+                .args(["--max-num-batched-tokens", &o.max_num_batched_tokens.to_string()])
+                .args(["--sim-prefill-us-per-token", &o.prefill_us_per_token.to_string()])
+                .args(["--sim-itl-ms", &o.itl_ms.to_string()])
+                .args(["--weight-seed", "0"]);
+            engines.push(targets::spawn(&format!("engine-{i}"), &mut cmd, addr)?);
+        }
+        let fleet = Fleet { engines };
+        let deadline = Instant::now() + Duration::from_secs(60);
+        for e in &fleet.engines {
+            while !matches!(get(e.addr, "/health").await, Ok((200, _))) {
+                anyhow::ensure!(
+                    Instant::now() < deadline,
+                    "{} did not start (bench/.peers/run/{}/log.txt)",
+                    e.name,
+                    e.name
+                );
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        }
+        Ok(fleet)
+    }
+
+    pub async fn counters(&self) -> anyhow::Result<Vec<Counters>> {
+        let mut v = Vec::new();
+        for e in &self.engines {
+            let (_, text) = get(e.addr, "/metrics").await?;
+            v.push(Counters::parse(&text));
+        }
+        Ok(v)
+    }
+
+    /// Empties every engine's prefix cache (between targets, so each starts cold).
+    pub async fn reset(&self) -> anyhow::Result<()> {
+        for e in &self.engines {
+            let (s, body) = post(e.addr, "/reset_prefix_cache").await?;
+            anyhow::ensure!(s == 200, "{}: reset_prefix_cache answered {s}: {body}", e.name);
+        }
+        Ok(())
+    }
+}
+
+/// The engine counters a report needs (sums over label sets).
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct Counters {
+    pub prefix_queries: f64,
+    pub prefix_hits: f64,
+    pub requests: f64,
+    pub preemptions: f64,
+}
+
+impl Counters {
+    pub fn parse(text: &str) -> Counters {
+        let mut c = Counters::default();
+        for line in text.lines().filter(|l| !l.starts_with('#')) {
+            let name = line.split(['{', ' ']).next().unwrap_or("");
+            let Some(v) = line.rsplit(' ').next().and_then(|v| v.parse::<f64>().ok()) else { continue };
+            match name {
+                "vllm:prefix_cache_queries_total" => c.prefix_queries += v,
+                "vllm:prefix_cache_hits_total" => c.prefix_hits += v,
+                "vllm:request_success_total" => c.requests += v,
+                "vllm:num_preemptions_total" => c.preemptions += v,
+                _ => {}
+            }
+        }
+        c
+    }
+
+    pub fn minus(&self, o: &Counters) -> Counters {
+        Counters {
+            prefix_queries: self.prefix_queries - o.prefix_queries,
+            prefix_hits: self.prefix_hits - o.prefix_hits,
+            requests: self.requests - o.requests,
+            preemptions: self.preemptions - o.preemptions,
+        }
+    }
+
+    /// Tokens actually prefilled (recomputation after preemption included).
+    pub fn prefilled(&self) -> f64 {
+        self.prefix_queries - self.prefix_hits
+    }
+}
+
+async fn request(addr: SocketAddr, req: hyper::Request<Full<Bytes>>) -> anyhow::Result<(u16, String)> {
+    let stream = tokio::net::TcpStream::connect(addr).await?;
+    let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream)).await?;
+    tokio::spawn(conn);
+    let resp = tokio::time::timeout(Duration::from_secs(10), sender.send_request(req)).await??;
+    let status = resp.status().as_u16();
+    let body = resp.into_body().collect().await?.to_bytes();
+    Ok((status, String::from_utf8_lossy(&body).into_owned()))
+}
+
+pub async fn get(addr: SocketAddr, path: &str) -> anyhow::Result<(u16, String)> {
+    let req = hyper::Request::get(path).header("host", addr.to_string()).body(Full::new(Bytes::new()))?;
+    request(addr, req).await
+}
+
+pub async fn post(addr: SocketAddr, path: &str) -> anyhow::Result<(u16, String)> {
+    let req = hyper::Request::post(path).header("host", addr.to_string()).body(Full::new(Bytes::new()))?;
+    request(addr, req).await
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn counters_sum_over_labels() {
+        let text = "# HELP x\nvllm:prefix_cache_hits_total{engine=\"0\",model_name=\"m\"} 40\n\
+                    vllm:prefix_cache_queries_total{engine=\"0\",model_name=\"m\"} 100\n\
+                    vllm:request_success_total{engine=\"0\",finished_reason=\"length\"} 2\n\
+                    vllm:request_success_total{engine=\"0\",finished_reason=\"stop\"} 3\n\
+                    vllm:prefix_cache_hits_created 5\n";
+        let c = Counters::parse(text);
+        assert_eq!(c, Counters { prefix_queries: 100.0, prefix_hits: 40.0, requests: 5.0, preemptions: 0.0 });
+        assert_eq!(c.prefilled(), 60.0);
+    }
+}

@@ -1,0 +1,361 @@
+//! Sends a workload's requests to a target and times them: open loop (each request at its
+//! arrival time, on its own connection, as independent users do) or per session (each session's
+//! turns in order, one after the other). Every response streams; TTFT is the time to the first
+//! chunk that carries generated text, end-to-end the time to the last byte.
+
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use http_body_util::{BodyExt, Full};
+use hyper_util::rt::TokioIo;
+
+use crate::workload::Request;
+
+#[derive(Debug, Clone, Default)]
+pub struct Outcome {
+    pub ok: bool,
+    pub ttft: Option<Duration>,
+    pub e2e: Duration,
+    pub output_tokens: usize,
+    /// From the final usage chunk: prompt tokens and those served from the prefix cache.
+    pub prompt_tokens: Option<usize>,
+    pub cached_tokens: Option<usize>,
+    /// Bytes the client put on the wire for this request (request line, headers, body).
+    pub bytes_sent: usize,
+    pub error: Option<String>,
+}
+
+/// How clients connect.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Connection {
+    /// A new TCP connection per request.
+    PerRequest,
+    /// One keep-alive connection per session, reused for its turns.
+    KeepAlive,
+}
+
+/// Progress shared with the progress line.
+#[derive(Debug, Default)]
+pub struct Progress {
+    pub done: AtomicUsize,
+    pub errors: AtomicUsize,
+    pub in_flight: AtomicUsize,
+}
+
+/// A client connection and the count of bytes written to it.
+struct Sender {
+    send: hyper::client::conn::http1::SendRequest<Full<Bytes>>,
+    written: Arc<AtomicUsize>,
+}
+
+impl Sender {
+    fn is_closed(&self) -> bool {
+        self.send.is_closed()
+    }
+}
+
+/// A TCP stream that counts the bytes written to it.
+struct Counting {
+    inner: tokio::net::TcpStream,
+    written: Arc<AtomicUsize>,
+}
+
+impl tokio::io::AsyncRead for Counting {
+    fn poll_read(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &mut tokio::io::ReadBuf<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        std::pin::Pin::new(&mut self.inner).poll_read(cx, buf)
+    }
+}
+
+impl tokio::io::AsyncWrite for Counting {
+    fn poll_write(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &[u8],
+    ) -> std::task::Poll<std::io::Result<usize>> {
+        let r = std::pin::Pin::new(&mut self.inner).poll_write(cx, buf);
+        if let std::task::Poll::Ready(Ok(n)) = &r {
+            self.written.fetch_add(*n, Ordering::Relaxed);
+        }
+        r
+    }
+    fn poll_flush(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        std::pin::Pin::new(&mut self.inner).poll_flush(cx)
+    }
+    fn poll_shutdown(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        std::pin::Pin::new(&mut self.inner).poll_shutdown(cx)
+    }
+}
+
+async fn connect(addr: SocketAddr) -> anyhow::Result<Sender> {
+    let stream = tokio::net::TcpStream::connect(addr).await?;
+    stream.set_nodelay(true)?;
+    let written = Arc::new(AtomicUsize::new(0));
+    let io = Counting { inner: stream, written: written.clone() };
+    let (send, conn) = hyper::client::conn::http1::handshake(TokioIo::new(io)).await?;
+    tokio::spawn(conn);
+    Ok(Sender { send, written })
+}
+
+/// Scans SSE bytes for the first chunk with generated text and the usage's completion tokens.
+#[derive(Debug, Default)]
+struct SseScan {
+    buf: Vec<u8>,
+    first_text: bool,
+    completion_tokens: Option<usize>,
+    prompt_tokens: Option<usize>,
+    cached_tokens: Option<usize>,
+    chunks_with_text: usize,
+}
+
+impl SseScan {
+    /// Feeds bytes; true when this feed completed the first event that carries text.
+    fn feed(&mut self, bytes: &[u8]) -> bool {
+        self.buf.extend_from_slice(bytes);
+        let mut became_first = false;
+        while let Some(end) = self.buf.windows(2).position(|w| w == b"\n\n") {
+            let event: Vec<u8> = self.buf.drain(..end + 2).collect();
+            for line in event.split(|&b| b == b'\n') {
+                let Some(data) = line.strip_prefix(b"data: ") else { continue };
+                let Ok(v) = serde_json::from_slice::<serde_json::Value>(data) else { continue };
+                let choice = &v["choices"][0];
+                let text = choice["delta"]["content"].as_str().or_else(|| choice["text"].as_str());
+                if text.is_some_and(|t| !t.is_empty()) {
+                    self.chunks_with_text += 1;
+                    if !self.first_text {
+                        self.first_text = true;
+                        became_first = true;
+                    }
+                }
+                let usage = &v["usage"];
+                if let Some(n) = usage["completion_tokens"].as_u64() {
+                    self.completion_tokens = Some(n as usize);
+                    self.prompt_tokens = usage["prompt_tokens"].as_u64().map(|n| n as usize);
+                    self.cached_tokens =
+                        usage["prompt_tokens_details"]["cached_tokens"].as_u64().map(|n| n as usize);
+                }
+            }
+        }
+        became_first
+    }
+}
+
+/// One streaming request on `sender`.
+async fn one(sender: &mut Sender, addr: SocketAddr, r: &Request, timeout: Duration) -> Outcome {
+    let start = Instant::now();
+    let mut out = Outcome::default();
+    let req = match hyper::Request::post("/v1/chat/completions")
+        .header("host", addr.to_string())
+        .header("content-type", "application/json")
+        .header("accept", "text/event-stream")
+        .body(Full::new(r.body.clone()))
+    {
+        Ok(req) => req,
+        Err(e) => {
+            out.error = Some(e.to_string());
+            return out;
+        }
+    };
+    let written_before = sender.written.load(Ordering::Relaxed);
+    let work = async {
+        let resp = sender.send.send_request(req).await?;
+        let status = resp.status().as_u16();
+        let mut body = resp.into_body();
+        let mut scan = SseScan::default();
+        let mut error_body = Vec::new();
+        while let Some(frame) = body.frame().await {
+            let frame = frame?;
+            if let Some(data) = frame.data_ref() {
+                if status != 200 {
+                    error_body.extend_from_slice(data);
+                } else if scan.feed(data) {
+                    out.ttft = Some(start.elapsed());
+                }
+            }
+        }
+        anyhow::ensure!(status == 200, "status {status}: {}", String::from_utf8_lossy(&error_body));
+        anyhow::ensure!(scan.first_text, "stream ended without text");
+        out.output_tokens = scan.completion_tokens.unwrap_or(scan.chunks_with_text);
+        out.prompt_tokens = scan.prompt_tokens;
+        out.cached_tokens = scan.cached_tokens;
+        Ok::<_, anyhow::Error>(())
+    };
+    match tokio::time::timeout(timeout, work).await {
+        Ok(Ok(())) => out.ok = true,
+        Ok(Err(e)) => out.error = Some(format!("{e:#}")),
+        Err(_) => out.error = Some(format!("no complete answer within {timeout:?}")),
+    }
+    out.e2e = start.elapsed();
+    out.bytes_sent = sender.written.load(Ordering::Relaxed) - written_before;
+    out
+}
+
+/// Each request at its arrival time on a new connection; outcomes in request order.
+pub async fn open_loop(
+    addr: SocketAddr,
+    reqs: Arc<Vec<Request>>,
+    progress: Arc<Progress>,
+    timeout: Duration,
+) -> Vec<Outcome> {
+    let start = Instant::now();
+    let mut tasks = Vec::with_capacity(reqs.len());
+    for i in 0..reqs.len() {
+        let at = reqs[i].at;
+        if let Some(wait) = at.checked_sub(start.elapsed()) {
+            tokio::time::sleep(wait).await;
+        }
+        let (reqs, progress) = (reqs.clone(), progress.clone());
+        tasks.push(tokio::spawn(async move {
+            progress.in_flight.fetch_add(1, Ordering::Relaxed);
+            let out = match connect(addr).await {
+                Ok(mut s) => one(&mut s, addr, &reqs[i], timeout).await,
+                Err(e) => Outcome { error: Some(format!("connect: {e}")), ..Outcome::default() },
+            };
+            progress.in_flight.fetch_sub(1, Ordering::Relaxed);
+            finish(&progress, &out);
+            out
+        }));
+    }
+    let mut outs = Vec::with_capacity(tasks.len());
+    for t in tasks {
+        outs.push(t.await.unwrap_or_else(|e| Outcome { error: Some(e.to_string()), ..Outcome::default() }));
+    }
+    outs
+}
+
+/// Sessions run concurrently; each sends its turns in order (a turn starts when the previous
+/// answer is complete, after `think`). `sessions[i]` holds indices into `reqs`.
+pub async fn sessions(
+    addr: SocketAddr,
+    reqs: Arc<Vec<Request>>,
+    sessions: Vec<Vec<usize>>,
+    conn: Connection,
+    think: Duration,
+    progress: Arc<Progress>,
+    timeout: Duration,
+) -> Vec<Outcome> {
+    let n = reqs.len();
+    let tasks: Vec<_> = sessions
+        .into_iter()
+        .map(|turns| {
+            let (reqs, progress) = (reqs.clone(), progress.clone());
+            tokio::spawn(async move {
+                let mut sender: Option<Sender> = None;
+                let mut outs = Vec::new();
+                for i in turns {
+                    progress.in_flight.fetch_add(1, Ordering::Relaxed);
+                    if conn == Connection::PerRequest || sender.as_ref().is_none_or(|s| s.is_closed()) {
+                        sender = connect(addr).await.ok();
+                    }
+                    let out = match sender.as_mut() {
+                        Some(s) => one(s, addr, &reqs[i], timeout).await,
+                        None => Outcome { error: Some("connect failed".into()), ..Outcome::default() },
+                    };
+                    progress.in_flight.fetch_sub(1, Ordering::Relaxed);
+                    finish(&progress, &out);
+                    if !out.ok {
+                        sender = None;
+                    }
+                    outs.push((i, out));
+                    tokio::time::sleep(think).await;
+                }
+                outs
+            })
+        })
+        .collect();
+    let mut outs = vec![Outcome::default(); n];
+    for t in tasks {
+        if let Ok(v) = t.await {
+            for (i, o) in v {
+                outs[i] = o;
+            }
+        }
+    }
+    outs
+}
+
+fn finish(p: &Progress, out: &Outcome) {
+    p.done.fetch_add(1, Ordering::Relaxed);
+    if !out.ok {
+        p.errors.fetch_add(1, Ordering::Relaxed);
+    }
+}
+
+/// A progress bar (`label [###  ] done/total, in flight, errors`) redrawn every half second
+/// while stderr is a terminal; elsewhere (CI logs) one line when the run ends. The task ends
+/// when `done` reaches `total`.
+pub fn progress_line(label: String, total: usize, p: Arc<Progress>) -> tokio::task::JoinHandle<()> {
+    use std::io::IsTerminal;
+    let tty = std::io::stderr().is_terminal();
+    tokio::spawn(async move {
+        let start = Instant::now();
+        loop {
+            if !tty {
+                if p.done.load(Ordering::Relaxed) >= total {
+                    eprintln!(
+                        "{label}: {total} requests, {} errors, {:.0} s",
+                        p.errors.load(Ordering::Relaxed),
+                        start.elapsed().as_secs_f64()
+                    );
+                    return;
+                }
+                tokio::time::sleep(Duration::from_millis(200)).await;
+                continue;
+            }
+            let done = p.done.load(Ordering::Relaxed);
+            let width = 30;
+            let filled = (done * width).checked_div(total).unwrap_or(width);
+            eprint!(
+                "\r{label:<34} [{}{}] {done}/{total}  in flight {:>3}  errors {}  {:>4.0} s ",
+                "#".repeat(filled),
+                " ".repeat(width - filled.min(width)),
+                p.in_flight.load(Ordering::Relaxed),
+                p.errors.load(Ordering::Relaxed),
+                start.elapsed().as_secs_f64()
+            );
+            if done >= total {
+                eprintln!();
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(500)).await;
+        }
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sse_scan_finds_first_text_and_usage_across_splits() {
+        let stream = b"data: {\"choices\":[{\"delta\":{\"role\":\"assistant\",\"content\":\"\"}}]}\n\n\
+data: {\"choices\":[{\"delta\":{\"content\":\"Hi\"}}]}\n\n\
+data: {\"choices\":[{\"delta\":{\"content\":\" there\"}}]}\n\n\
+data: {\"choices\":[],\"usage\":{\"prompt_tokens\":9,\"completion_tokens\":2,\"prompt_tokens_details\":{\"cached_tokens\":4}}}\n\ndata: [DONE]\n\n";
+        let mut s = SseScan::default();
+        let mut first_at = None;
+        for (i, chunk) in stream.chunks(7).enumerate() {
+            if s.feed(chunk) {
+                assert!(first_at.is_none());
+                first_at = Some(i);
+            }
+        }
+        let cut = stream.windows(4).position(|w| w == b"\"Hi\"").unwrap_or(0);
+        assert!(first_at.is_some_and(|i| i * 7 > cut), "the role chunk is not text");
+        assert_eq!(s.completion_tokens, Some(2));
+        assert_eq!((s.prompt_tokens, s.cached_tokens), (Some(9), Some(4)));
+        assert_eq!(s.chunks_with_text, 2);
+    }
+}
