@@ -30,7 +30,7 @@ use crate::{overhead, procfs};
 pub enum Scenario {
     /// The trace as recorded (after scaling).
     Plain,
-    /// Arrivals sped up until the engines are about `--busy` busy.
+    /// Arrivals `--load-multiplier` times faster than plain.
     HighLoad,
     /// One long system prompt shared by every request (one agent persona for all traffic).
     HotPrefix,
@@ -105,9 +105,9 @@ pub struct Args {
     /// Tokens of the shared system prompt in the hot-prefix scenario.
     #[arg(long, default_value_t = 1024)]
     hot_prefix_tokens: usize,
-    /// Engine busy fraction the high-load scenario aims for (estimated offline).
-    #[arg(long, default_value_t = 0.8)]
-    busy: f64,
+    /// How much faster than `--speedup` the high-load scenario's arrivals come.
+    #[arg(long, default_value_t = 1.5)]
+    load_multiplier: f64,
     /// Cap on generated tokens per request (after scaling).
     #[arg(long, default_value_t = 32)]
     max_output: usize,
@@ -126,7 +126,8 @@ pub struct Args {
     /// Print the workload's size, KV sizing, references and estimated load, then exit.
     #[arg(long)]
     plan: bool,
-    /// Smoke test: 300 requests, 2 backends, no file written unless --out is given.
+    /// Smoke test: 300 requests (agent: 4 sessions × 4 turns), 2 backends, no file written
+    /// unless --out is given; exits non-zero if any request failed.
     #[arg(long)]
     quick: bool,
     /// Report directory (default bench/results).
@@ -166,6 +167,17 @@ impl Run {
     fn work_imbalance(&self) -> f64 {
         Self::imbalance(self.per_backend.iter().map(Counters::prefilled))
     }
+    /// Engines' busy fraction over the run: the mean, or the busiest engine's.
+    fn busy(&self, max: bool) -> f64 {
+        let w = self.wall.as_secs_f64().max(1e-9);
+        let v = self.per_backend.iter().map(|c| c.busy_s / w);
+        if max {
+            v.fold(0.0, f64::max)
+        } else {
+            v.sum::<f64>() / self.per_backend.len().max(1) as f64
+        }
+    }
+
     fn pct(&self, p: f64, f: impl Fn(&Outcome) -> Option<Duration>) -> f64 {
         let mut v: Vec<f64> =
             self.outcomes.iter().filter(|o| o.ok).filter_map(&f).map(|d| d.as_secs_f64() * 1e3).collect();
@@ -192,16 +204,6 @@ fn parse_slice(s: &Option<String>) -> anyhow::Result<(usize, Option<usize>)> {
     Ok((start, end))
 }
 
-/// Estimated engine busy fraction at the partition ceiling's hit rate: prefill work (plus one
-/// step overhead per request) over the span of arrivals, per engine.
-fn estimated_busy(reqs: &[Request], ceiling: HitRate, o: &EngineOpts, backends: usize) -> f64 {
-    let span = reqs.last().map_or(0.0, |r| r.at.as_secs_f64()).max(1e-3);
-    let uncached = (ceiling.queries - ceiling.hits) as f64;
-    let decode_steps: f64 = reqs.iter().map(|r| r.max_tokens as f64).sum::<f64>() / o.max_num_seqs as f64;
-    let work =
-        uncached * o.prefill_us_per_token / 1e6 + decode_steps * o.itl_ms / 1e3 + reqs.len() as f64 * 0.002;
-    work / (span * backends as f64)
-}
 
 /// The workload's requests and how they are sent.
 struct Built {
@@ -314,28 +316,24 @@ pub async fn run(mut a: Args) -> anyhow::Result<()> {
     let oracle = refs::oracle(&ordered, BLOCK_SIZE);
     let ceiling = refs::lru_ceiling(&ordered, BLOCK_SIZE, kv_blocks * backends);
     if a.workload == Workload::Trace && a.scenario == Scenario::HighLoad {
-        // Busy fraction scales with the speed-up: solve for the one that reaches --busy.
-        // Arrival times scale with 1 / speed-up; the busy fraction with the speed-up.
-        let factor = a.busy / estimated_busy(&built.reqs, ceiling, &a.engine, backends).max(1e-9);
+        anyhow::ensure!(a.load_multiplier > 0.0, "--load-multiplier must be positive");
         for r in &mut built.reqs {
-            r.at = r.at.div_f64(factor);
+            r.at = r.at.div_f64(a.load_multiplier);
         }
         if let Some(t) = built.topts.as_mut() {
-            t.speedup *= factor;
+            t.speedup *= a.load_multiplier;
         }
     }
-    let busy = estimated_busy(&built.reqs, ceiling, &a.engine, backends);
     let span = built.reqs.last().map_or(0.0, |r| r.at.as_secs_f64());
     eprintln!(
         "{} requests{}, working set {ws} blocks, {backends} engines × {kv_blocks} blocks (KV {:.2}× the working \
-         set), {}oracle {:.3}, partition ceiling {:.3}",
+         set), oracle {:.3}, partition ceiling {:.3}",
         built.reqs.len(),
         match &built.topts {
             Some(t) => format!(" over {span:.0} s (speed-up {:.1})", t.speedup),
             None => format!(" ({} sessions)", built.sessions.len()),
         },
         (kv_blocks * backends) as f64 / ws.max(1) as f64,
-        if built.topts.is_some() { format!("estimated busy {:.0} %; ", busy * 100.0) } else { String::new() },
         oracle.rate(),
         ceiling.rate()
     );
@@ -432,7 +430,6 @@ pub async fn run(mut a: Args) -> anyhow::Result<()> {
         backends,
         oracle,
         ceiling,
-        busy,
     };
     let md = ctx.markdown(&runs);
     print!("{md}");
@@ -449,6 +446,9 @@ pub async fn run(mut a: Args) -> anyhow::Result<()> {
         eprintln!("written: {}", dir.join(format!("{stem}.md")).display());
     }
     drop(fleet);
+    // A smoke test fails when anything failed.
+    let errors: usize = runs.iter().flatten().map(Run::errors).sum();
+    anyhow::ensure!(!a.quick || errors == 0, "{errors} requests failed (first errors above)");
     Ok(())
 }
 
@@ -488,7 +488,15 @@ struct Context<'a> {
     backends: usize,
     oracle: HitRate,
     ceiling: HitRate,
-    busy: f64,
+}
+
+/// `hit / reference`, except for `direct`: the references assume the whole fleet, and one
+/// engine's preempted-and-recomputed prompts hit their own blocks.
+fn ratio(hit: f64, reference: f64, spec: &str) -> String {
+    if spec == "direct" {
+        return "—".into();
+    }
+    format!("{:.3}", hit / reference.max(1e-9))
 }
 
 fn median(mut v: Vec<f64>) -> f64 {
@@ -518,8 +526,7 @@ impl Context<'_> {
                 format!(
                     "{} requests of the Mooncake synthetic trace (lengths × {}, so a 512-token block is {} tokens; \
                      arrivals × {:.1}, {span:.0} s; output ≤ {} tokens{}), replayed open-loop (one connection per \
-                     request, streaming) through each target to {engines}. Estimated engine busy fraction at the \
-                     ceiling's hit rate: {:.0} %.",
+                     request, streaming) through each target to {engines}.",
                     self.reqs.len(),
                     t.scale,
                     ((512.0 * t.scale).round() as usize).max(1),
@@ -529,8 +536,7 @@ impl Context<'_> {
                         format!("; every request starts with the same {}-token system prompt", t.hot_prefix_tokens)
                     } else {
                         String::new()
-                    },
-                    self.busy * 100.0
+                    }
                 )
             }
             None => format!(
@@ -578,9 +584,9 @@ impl Context<'_> {
         );
         let _ = writeln!(
             md,
-            "| target | hit rate | / ceiling | / oracle | prefilled tokens | TTFT p50 ms | p90 | p99 | e2e p50 ms | p99 | out tok/s | req imbalance | work imbalance | client KB/req | proxy CPU µs/req | RSS MB | errors |"
+            "| target | hit rate | / ceiling | / oracle | prefilled tokens | TTFT p50 ms | p90 | p99 | e2e p50 ms | p99 | out tok/s | req imbalance | work imbalance | engine busy % mean / max | preemptions | client KB/req | proxy CPU µs/req | RSS MB | errors |"
         );
-        let _ = writeln!(md, "| --- |{}", " ---: |".repeat(16));
+        let _ = writeln!(md, "| --- |{}", " ---: |".repeat(18));
         for (i, slot) in self.slots.iter().enumerate() {
             let rs = &runs[i];
             let m = |f: &dyn Fn(&Run) -> f64| median(rs.iter().map(f).collect());
@@ -592,10 +598,10 @@ impl Context<'_> {
             let rss = rs.iter().all(|r| r.rss_mb.is_some()).then(|| m(&|r| r.rss_mb.unwrap_or(0.0)));
             let _ = writeln!(
                 md,
-                "| {} | {hit:.3} | {:.3} | {:.3} | {:.0} | {:.0} | {:.0} | {:.0} | {:.0} | {:.0} | {:.0} | {:.2} | {:.2} | {:.1} | {} | {} | {} |",
+                "| {} | {hit:.3} | {} | {} | {:.0} | {:.0} | {:.0} | {:.0} | {:.0} | {:.0} | {:.0} | {:.2} | {:.2} | {:.0} / {:.0} | {:.0} | {:.1} | {} | {} | {} |",
                 slot.label(),
-                hit / self.ceiling.rate().max(1e-9),
-                hit / self.oracle.rate().max(1e-9),
+                ratio(hit, self.ceiling.rate(), &slot.spec),
+                ratio(hit, self.oracle.rate(), &slot.spec),
                 m(&|r| r.per_backend.iter().map(Counters::prefilled).sum()),
                 m(&|r| r.pct(0.5, |o| o.ttft)),
                 m(&|r| r.pct(0.9, |o| o.ttft)),
@@ -605,6 +611,9 @@ impl Context<'_> {
                 m(&|r| r.output_tps()),
                 m(&|r| r.request_imbalance()),
                 m(&|r| r.work_imbalance()),
+                m(&|r| r.busy(false) * 100.0),
+                m(&|r| r.busy(true) * 100.0),
+                m(&|r| r.per_backend.iter().map(|c| c.preemptions).sum()),
                 m(&|r| r.outcomes.iter().map(|o| o.bytes_sent).sum::<usize>() as f64 / 1024.0 / r.outcomes.len().max(1) as f64),
                 cpu.map_or("—".into(), |c| format!("{c:.0}")),
                 rss.map_or("—".into(), |c| format!("{c:.1}")),
@@ -621,7 +630,9 @@ impl Context<'_> {
             "Hit rate: Σ `vllm:prefix_cache_hits_total` / Σ `vllm:prefix_cache_queries_total` over the engines \
              during the run (tokens; the last prompt token is never a hit, as in vLLM). Prefilled tokens: queries − hits \
              (recomputation after preemption included). Imbalance: max / mean over engines of requests, and of \
-             prefilled tokens (work). TTFT: time to the first streamed chunk with text, wall clock, on a shared \
+             prefilled tokens (work). Engine busy: `warmpath_engine_busy_seconds_total` over the run's wall time. \
+             Preemptions: sequences evicted for lack of KV blocks and recomputed (their recomputed \
+             prefix counts as hits). TTFT: time to the first streamed chunk with text, wall clock, on a shared \
              2-core machine where client, proxy and engines compete for the CPU. Client KB/req: bytes the client \
              wrote (request line, headers, body). Proxy CPU: the target's process tree, /proc schedstat, over the \
              run less its idle rate (measured for 2 s just before) × the run's length, ÷ requests (— for `direct`)."

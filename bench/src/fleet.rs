@@ -58,8 +58,7 @@ impl Fleet {
         max_model_len: usize,
         model: &str,
     ) -> anyhow::Result<Fleet> {
-        let bin = targets::root().join("target/release/warmpath-engine");
-        anyhow::ensure!(bin.exists(), "{} missing: cargo build --release -p warmpath-engine", bin.display());
+        let bin = targets::sibling("warmpath-engine")?;
         let mut engines = Vec::new();
         for i in 0..n {
             let addr = targets::free_addr()?;
@@ -117,6 +116,8 @@ pub struct Counters {
     pub prefix_hits: f64,
     pub requests: f64,
     pub preemptions: f64,
+    /// Seconds spent executing steps (`warmpath_engine_busy_seconds_total`).
+    pub busy_s: f64,
 }
 
 impl Counters {
@@ -130,6 +131,7 @@ impl Counters {
                 "vllm:prefix_cache_hits_total" => c.prefix_hits += v,
                 "vllm:request_success_total" => c.requests += v,
                 "vllm:num_preemptions_total" => c.preemptions += v,
+                "warmpath_engine_busy_seconds_total" => c.busy_s += v,
                 _ => {}
             }
         }
@@ -142,6 +144,7 @@ impl Counters {
             prefix_hits: self.prefix_hits - o.prefix_hits,
             requests: self.requests - o.requests,
             preemptions: self.preemptions - o.preemptions,
+            busy_s: self.busy_s - o.busy_s,
         }
     }
 
@@ -183,7 +186,10 @@ mod tests {
                     vllm:request_success_total{engine=\"0\",finished_reason=\"stop\"} 3\n\
                     vllm:prefix_cache_hits_created 5\n";
         let c = Counters::parse(text);
-        assert_eq!(c, Counters { prefix_queries: 100.0, prefix_hits: 40.0, requests: 5.0, preemptions: 0.0 });
+        assert_eq!(
+            c,
+            Counters { prefix_queries: 100.0, prefix_hits: 40.0, requests: 5.0, preemptions: 0.0, busy_s: 0.0 }
+        );
         assert_eq!(c.prefilled(), 60.0);
     }
 }

@@ -39,6 +39,20 @@ pub fn root() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
 }
 
+/// A binary built beside this one (`target/release/` or `target/debug/`): warmpath-bench runs
+/// the warmpath and warmpath-engine of its own build.
+pub fn sibling(name: &str) -> anyhow::Result<PathBuf> {
+    let exe = std::env::current_exe()?;
+    let dir = exe.parent().context("warmpath-bench has no directory")?;
+    let bin = dir.join(name);
+    anyhow::ensure!(
+        bin.exists(),
+        "{} missing: build it with warmpath-bench (cargo build [--release] -p warmpath -p warmpath-engine -p warmpath-bench)",
+        bin.display()
+    );
+    Ok(bin)
+}
+
 fn work_dir(name: &str) -> anyhow::Result<PathBuf> {
     let d = root().join("bench/.peers/run").join(name);
     std::fs::create_dir_all(&d)?;
@@ -68,8 +82,7 @@ pub fn warmpath(
     threads: usize,
     extra: &str,
 ) -> anyhow::Result<Target> {
-    let bin = root().join("target/release/warmpath");
-    anyhow::ensure!(bin.exists(), "{} missing: cargo build --release -p warmpath", bin.display());
+    let bin = sibling("warmpath")?;
     let (addr, admin) = (free_addr()?, free_addr()?);
     let dir = work_dir(&format!("warmpath-{policy}"))?;
     let file = dir.join("policy.toml");

@@ -192,8 +192,12 @@ impl EngineLoop {
             while let Ok(cmd) = rx.try_recv() {
                 self.handle(cmd);
             }
+            let started = std::time::Instant::now();
             let outputs = self.sched.step(self.exec.as_mut());
             let stepped = !outputs.is_empty() || self.sched.num_running() > 0;
+            if stepped {
+                self.metrics.add_busy(started.elapsed().as_secs_f64());
+            }
             // Metrics first: a client that sees its last token also sees the gauges without it.
             self.publish();
             if self.deliver(outputs) {

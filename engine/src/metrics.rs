@@ -27,6 +27,7 @@ pub struct Metrics {
     prompt_tokens: prometheus::Counter,
     generation_tokens: prometheus::Counter,
     preemptions: prometheus::Counter,
+    busy: prometheus::Counter,
     success: CounterVec,
     ttft: prometheus::Histogram,
     itl: prometheus::Histogram,
@@ -114,6 +115,10 @@ impl Metrics {
                 "Number of generation tokens processed",
             )?,
             preemptions: counter("vllm:num_preemptions_total", "Cumulative number of preemptions")?,
+            busy: counter(
+                "warmpath_engine_busy_seconds_total",
+                "Seconds spent executing scheduler steps (its rate is the engine's busy fraction)",
+            )?,
             ttft: histogram("vllm:time_to_first_token_seconds", "Time to first token in seconds")?,
             itl: histogram("vllm:inter_token_latency_seconds", "Inter-token latency in seconds")?,
             e2e: histogram("vllm:e2e_request_latency_seconds", "End-to-end request latency in seconds")?,
@@ -144,6 +149,11 @@ impl Metrics {
         self.prompt_tokens.inc_by(s.prompt_tokens as f64);
         self.generation_tokens.inc_by(s.generation_tokens as f64);
         self.preemptions.inc_by(s.preemptions as f64);
+    }
+
+    /// Time one scheduler step took.
+    pub fn add_busy(&self, secs: f64) {
+        self.busy.inc_by(secs);
     }
 
     pub fn observe_ttft(&self, secs: f64) {

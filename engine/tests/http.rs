@@ -59,6 +59,9 @@ async fn a_repeated_prompt_reports_cached_tokens() {
     assert_eq!(metric(&m, "vllm:request_success_total{"), Some(2.0));
     assert_eq!(metric(&m, "vllm:num_requests_running{"), Some(0.0));
     assert!(m.contains("vllm:time_to_first_token_seconds_bucket"));
+    // Two prefills and two decode steps ran: the busy time is positive and below the wall time.
+    let busy = metric(&m, "warmpath_engine_busy_seconds_total{").expect("busy counter");
+    assert!(busy > 0.0 && busy < 60.0, "{busy}");
 }
 
 #[tokio::test]
