@@ -204,7 +204,6 @@ fn parse_slice(s: &Option<String>) -> anyhow::Result<(usize, Option<usize>)> {
     Ok((start, end))
 }
 
-
 /// The workload's requests and how they are sent.
 struct Built {
     reqs: Vec<Request>,
@@ -621,6 +620,7 @@ impl Context<'_> {
             );
         }
         let _ = writeln!(md);
+        md.push_str(&self.against_peers(runs));
         let _ = writeln!(md, "CHART\n");
         if self.topts.is_none() {
             md.push_str(&self.per_turn(runs));
@@ -637,6 +637,46 @@ impl Context<'_> {
              wrote (request line, headers, body). Proxy CPU: the target's process tree, /proc schedstat, over the \
              run less its idle rate (measured for 2 s just before) × the run's length, ÷ requests (— for `direct`)."
         );
+        md
+    }
+
+    /// Each warmpath run against the best peer of the same run (lowest TTFT p50, lowest p99,
+    /// highest hit rate, each taken separately): the ratios the routing goals are stated in.
+    fn against_peers(&self, runs: &[Vec<Run>]) -> String {
+        let med = |i: usize, f: &dyn Fn(&Run) -> f64| median(runs[i].iter().map(f).collect());
+        let is_peer = |s: &Slot| !s.spec.starts_with("warmpath") && s.spec != "direct";
+        let best = |f: &dyn Fn(&Run) -> f64, lowest: bool| -> Option<(f64, String)> {
+            let mut v: Vec<(f64, String)> = (0..self.slots.len())
+                .filter(|&i| is_peer(&self.slots[i]) && self.slots[i].spec != "nginx:round_robin")
+                .map(|i| (med(i, f), self.slots[i].label()))
+                .filter(|(x, _)| x.is_finite())
+                .collect();
+            v.sort_by(|a, b| a.0.total_cmp(&b.0));
+            if lowest {
+                v.into_iter().next()
+            } else {
+                v.pop()
+            }
+        };
+        let p50 = best(&|r| r.pct(0.5, |o| o.ttft), true);
+        let p99 = best(&|r| r.pct(0.99, |o| o.ttft), true);
+        let hit = best(&|r| r.hit().rate(), false);
+        let (Some(p50), Some(p99), Some(hit)) = (p50, p99, hit) else { return String::new() };
+        let mut md = String::new();
+        for (i, s) in self.slots.iter().enumerate().filter(|(_, s)| s.spec.starts_with("warmpath")) {
+            let _ = writeln!(
+                md,
+                "- {} vs the best router peer: TTFT p50 {:.2}× ({}), p99 {:.2}× ({}), hit rate {:.3}× ({})",
+                s.label(),
+                med(i, &|r| r.pct(0.5, |o| o.ttft)) / p50.0,
+                p50.1,
+                med(i, &|r| r.pct(0.99, |o| o.ttft)) / p99.0,
+                p99.1,
+                med(i, &|r| r.hit().rate()) / hit.0.max(1e-9),
+                hit.1
+            );
+        }
+        md.push('\n');
         md
     }
 

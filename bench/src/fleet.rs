@@ -188,7 +188,13 @@ mod tests {
         let c = Counters::parse(text);
         assert_eq!(
             c,
-            Counters { prefix_queries: 100.0, prefix_hits: 40.0, requests: 5.0, preemptions: 0.0, busy_s: 0.0 }
+            Counters {
+                prefix_queries: 100.0,
+                prefix_hits: 40.0,
+                requests: 5.0,
+                preemptions: 0.0,
+                busy_s: 0.0
+            }
         );
         assert_eq!(c.prefilled(), 60.0);
     }

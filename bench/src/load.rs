@@ -72,6 +72,18 @@ pub async fn run(
     concurrency: usize,
     total: usize,
 ) -> LoadResult {
+    run_expecting(addr, path, body, concurrency, total, 200).await
+}
+
+/// [`run`], counting responses with status `expect` as successes.
+pub async fn run_expecting(
+    addr: SocketAddr,
+    path: &'static str,
+    body: Bytes,
+    concurrency: usize,
+    total: usize,
+    expect: u16,
+) -> LoadResult {
     let next = Arc::new(AtomicUsize::new(0));
     let start = Instant::now();
     let tasks: Vec<_> = (0..concurrency)
@@ -92,7 +104,7 @@ pub async fn run(
                     let t = Instant::now();
                     match send(s, addr, path, &body).await {
                         Ok((status, reusable)) => {
-                            if status == 200 {
+                            if status == expect {
                                 lat.push(t.elapsed());
                             } else {
                                 errors += 1;

@@ -58,11 +58,24 @@ fn median(mut v: Vec<f64>) -> f64 {
     v[v.len() / 2]
 }
 
-async fn measure(t: &Target, body: &Bytes, n: usize, concurrency: usize) -> Sample {
+/// Where a measurement sends its requests and what it expects back.
+#[derive(Debug, Clone, Copy)]
+struct Probe {
+    path: &'static str,
+    expect: u16,
+}
+
+/// The proxied route.
+const PROXIED: Probe = Probe { path: "/v1/chat/completions", expect: 200 };
+/// A path warmpath answers itself (404 in the OpenAI error shape) without touching a backend:
+/// the floor of its per-request cost, pingora's request handling and response included.
+const FLOOR: Probe = Probe { path: "/v1/no-such-route", expect: 404 };
+
+async fn measure(t: &Target, body: &Bytes, n: usize, concurrency: usize, probe: Probe) -> Sample {
     // Warm connections and caches first.
-    load::run(t.addr, "/v1/chat/completions", body.clone(), concurrency, (n / 10).max(50)).await;
+    load::run_expecting(t.addr, probe.path, body.clone(), concurrency, (n / 10).max(50), probe.expect).await;
     let cpu0 = t.pid().map(procfs::cpu_ns);
-    let r = load::run(t.addr, "/v1/chat/completions", body.clone(), concurrency, n).await;
+    let r = load::run_expecting(t.addr, probe.path, body.clone(), concurrency, n, probe.expect).await;
     let cpu1 = t.pid().map(procfs::cpu_ns);
     let done = r.latencies.len().max(1) as f64;
     Sample {
@@ -100,6 +113,11 @@ pub async fn run(a: Args) -> anyhow::Result<()> {
 
     let mut list: Vec<Target> =
         vec![targets::direct(up), targets::warmpath(&[up], "round_robin", a.proxy_threads, "")?];
+    // A second warmpath whose requests go to a path it answers itself: its floor.
+    let mut floor = targets::warmpath(&[up], "round_robin", a.proxy_threads, "")?;
+    floor.name = "floor: warmpath answers 404 itself".into();
+    list.push(floor);
+    let probe = |t: &Target| if t.name.starts_with("floor") { FLOOR } else { PROXIED };
     let skip = |n: &str| a.skip.iter().any(|s| s == n);
     if !skip("nginx") {
         list.push(targets::nginx(&[up])?);
@@ -130,7 +148,7 @@ pub async fn run(a: Args) -> anyhow::Result<()> {
                 let i = (k + round) % list.len();
                 step += 1;
                 eprint!("\r[{step}/{steps}] {:<28}", list[i].name);
-                let s = measure(&list[i], body, requests, a.concurrency).await;
+                let s = measure(&list[i], body, requests, a.concurrency, probe(&list[i])).await;
                 samples[w][i].push(s);
             }
         }
@@ -187,6 +205,13 @@ pub async fn run(a: Args) -> anyhow::Result<()> {
         if let Some(wp) = get("warmpath") {
             if let Some(ng) = get("nginx") {
                 let _ = writeln!(md, "- warmpath CPU / nginx CPU: **{:.2}×**", wp / ng);
+                if let Some(fl) = get("floor") {
+                    let _ = writeln!(
+                        md,
+                        "- floor (warmpath on pingora answering a 404 itself, no upstream) / nginx proxying: {:.2}×",
+                        fl / ng
+                    );
+                }
             }
             let rust_best = [get("sglang-router"), get("vllm-router")].into_iter().flatten().reduce(f64::min);
             if let Some(rb) = rust_best {

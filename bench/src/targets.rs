@@ -23,11 +23,20 @@ impl Target {
 }
 
 impl Drop for Target {
+    /// SIGTERM first, so that nginx's master stops its workers (SIGKILL would orphan them) and
+    /// warmpath drains; SIGKILL after two seconds.
     fn drop(&mut self) {
-        if let Some(c) = self.child.as_mut() {
-            let _ = c.kill();
-            let _ = c.wait();
+        let Some(c) = self.child.as_mut() else { return };
+        let _ = Command::new("kill").args(["-TERM", &c.id().to_string()]).status();
+        let deadline = Instant::now() + Duration::from_secs(2);
+        while Instant::now() < deadline {
+            if matches!(c.try_wait(), Ok(Some(_))) {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(20));
         }
+        let _ = c.kill();
+        let _ = c.wait();
     }
 }
 
@@ -84,7 +93,7 @@ pub fn warmpath(
 ) -> anyhow::Result<Target> {
     let bin = sibling("warmpath")?;
     let (addr, admin) = (free_addr()?, free_addr()?);
-    let dir = work_dir(&format!("warmpath-{policy}"))?;
+    let dir = work_dir(&format!("warmpath-{policy}-{}", addr.port()))?;
     let file = dir.join("policy.toml");
     let mut toml = format!(
         "[server]\nlisten = \"{addr}\"\nadmin = \"{admin}\"\nthreads = {threads}\n\
@@ -96,7 +105,11 @@ pub fn warmpath(
     }
     toml.push_str(extra);
     std::fs::write(&file, toml)?;
-    let mut t = spawn(&format!("warmpath-{policy}"), Command::new(bin).arg("--config").arg(&file), addr)?;
+    let mut t = spawn(
+        &format!("warmpath-{policy}-{}", addr.port()),
+        Command::new(bin).arg("--config").arg(&file),
+        addr,
+    )?;
     t.name = format!("warmpath {policy}");
     Ok(t)
 }

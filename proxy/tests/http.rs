@@ -248,6 +248,29 @@ fn back_to_back_requests_on_one_connection_all_arrive_whole() {
 }
 
 #[test]
+fn answers_without_a_backend_keep_the_connection() {
+    use std::io::Write;
+    // A 404 or 405 for a request with a small body reads the body first, so the client's
+    // connection stays usable for its next request.
+    let e = Engine::sim("m", &[]);
+    let proxy = Proxy::start(&policy("", "", &["m"], &[("e", e.url())]));
+    let mut s = std::net::TcpStream::connect(proxy.addr).expect("connect");
+    s.set_read_timeout(Some(std::time::Duration::from_secs(10))).expect("timeout");
+    let body = chat("m", "hi", 1).to_string();
+    for (method, path, status) in [
+        ("POST", "/v1/no-such-route", 404),
+        ("PUT", "/v1/chat/completions", 405),
+        ("POST", "/v1/chat/completions", 200),
+    ] {
+        write!(s, "{method} {path} HTTP/1.1\r\nhost: x\r\ncontent-length: {}\r\n\r\n{body}", body.len())
+            .expect("send");
+        let r = read_one(&mut s);
+        assert_eq!(r.status, status, "{method} {path}: {}", r.text());
+        assert_eq!(r.header("connection"), Some("keep-alive"), "{method} {path}");
+    }
+}
+
+#[test]
 fn embeddings_and_responses_pass_through() {
     let reply =
         br#"{"object":"list","data":[{"object":"embedding","index":0,"embedding":[0.1,0.2]}]}"#.to_vec();
