@@ -93,8 +93,8 @@ pub struct Args {
     /// Length scale: a 512-token trace block becomes 512 × scale tokens.
     #[arg(long, default_value_t = 0.0625)]
     scale: f64,
-    /// Time speed-up of the arrivals (the high-load scenario picks its own).
-    #[arg(long, default_value_t = 16.0)]
+    /// Time speed-up of the arrivals (high-load multiplies it by `--load-multiplier`).
+    #[arg(long, default_value_t = 10.0)]
     speedup: f64,
     /// First and last request of the trace, `START:END`.
     #[arg(long)]
@@ -106,7 +106,7 @@ pub struct Args {
     #[arg(long, default_value_t = 1024)]
     hot_prefix_tokens: usize,
     /// How much faster than `--speedup` the high-load scenario's arrivals come.
-    #[arg(long, default_value_t = 1.5)]
+    #[arg(long, default_value_t = 1.6)]
     load_multiplier: f64,
     /// Cap on generated tokens per request (after scaling).
     #[arg(long, default_value_t = 32)]
@@ -489,10 +489,10 @@ struct Context<'a> {
     ceiling: HitRate,
 }
 
-/// `hit / reference`, except for `direct`: the references assume the whole fleet, and one
-/// engine's preempted-and-recomputed prompts hit their own blocks.
+/// `hit / reference`, except for `direct` (the references assume the whole fleet, and one
+/// engine's preempted-and-recomputed prompts hit their own blocks) and a zero reference.
 fn ratio(hit: f64, reference: f64, spec: &str) -> String {
-    if spec == "direct" {
+    if spec == "direct" || reference <= 0.0 {
         return "—".into();
     }
     format!("{:.3}", hit / reference.max(1e-9))
