@@ -59,7 +59,7 @@ struct Script {
 }
 
 fn script(words: &Words, o: &AgentOpts, s: usize) -> Script {
-    let mut rng = SplitMix(o.seed ^ (s as u64).wrapping_mul(0x9E37_79B9));
+    let mut rng = SplitMix::new(o.seed ^ (s as u64).wrapping_mul(0x9E37_79B9));
     let n_tools = rng.range(o.tools.0, o.tools.1);
     let tools = (0..n_tools).map(|i| tool(words, &mut rng, i)).collect();
     Script {
@@ -76,7 +76,7 @@ pub fn requests(o: &AgentOpts, model: &str, tok: &Tokenizer) -> Vec<Request> {
     let mut out = Vec::new();
     for s in 0..o.sessions {
         let sc = script(&words, o, s);
-        let mut rng = SplitMix(o.seed.rotate_left(17) ^ s as u64);
+        let mut rng = SplitMix::new(o.seed.rotate_left(17) ^ s as u64);
         let mut history = vec![json!({"role": "user", "content": sc.first_user})];
         for t in 0..o.turns {
             if t > 0 {
@@ -99,7 +99,7 @@ pub fn requests(o: &AgentOpts, model: &str, tok: &Tokenizer) -> Vec<Request> {
             };
             // A different tool order on every request.
             let mut tools = sc.tools.clone();
-            let mut shuffle = SplitMix(o.seed ^ ((s * 1000 + t) as u64) ^ 0x70015);
+            let mut shuffle = SplitMix::new(o.seed ^ ((s * 1000 + t) as u64) ^ 0x70015);
             for i in (1..tools.len()).rev() {
                 tools.swap(i, shuffle.range(0, i));
             }

@@ -55,7 +55,8 @@ pub enum Mode {
 pub struct Args {
     #[arg(long, value_enum, default_value_t = Workload::Trace)]
     workload: Workload,
-    /// Mooncake-format trace (default: the synthetic trace in ../shared/traces).
+    /// Mooncake-format trace (default: the synthetic trace in ../shared/traces; with --quick,
+    /// its first 300 records bundled in bench/traces).
     #[arg(long)]
     trace: Option<PathBuf>,
     #[arg(long, value_enum, default_value_t = Scenario::Plain)]
@@ -215,10 +216,13 @@ struct Built {
 fn build(a: &Args, model: &str, tok: &Tokenizer) -> anyhow::Result<Built> {
     Ok(match a.workload {
         Workload::Trace => {
-            let path = a
-                .trace
-                .clone()
-                .unwrap_or_else(|| targets::root().join("../shared/traces/mooncake_synthetic_trace.jsonl"));
+            let path = a.trace.clone().unwrap_or_else(|| {
+                targets::root().join(if a.quick {
+                    "bench/traces/mooncake-synthetic-head300.jsonl"
+                } else {
+                    "../shared/traces/mooncake_synthetic_trace.jsonl"
+                })
+            });
             let records = trace::load(&path)?;
             let topts = TraceOpts {
                 scale: a.scale,

@@ -6,6 +6,7 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use serde_json::{json, Value};
+use warmpath_engine::sampler::Rng;
 use warmpath_wire::chat_template::render_tokens;
 use warmpath_wire::openai::{ChatMessage, Tool};
 use warmpath_wire::tokenizer::Tokenizer;
@@ -83,7 +84,7 @@ impl Words {
 
     /// `n` words (n tokens) determined by `seed` alone.
     pub fn text(&self, seed: u64, n: usize) -> String {
-        let mut rng = SplitMix(seed ^ 0x005e_ed0f_b10c);
+        let mut rng = SplitMix::new(seed ^ 0x005e_ed0f_b10c);
         let mut s = String::with_capacity(n * 8);
         for _ in 0..n {
             s.push_str(&self.words[(rng.next() % self.words.len() as u64) as usize]);
@@ -92,17 +93,18 @@ impl Words {
     }
 }
 
-/// A small deterministic generator (splitmix64): workloads depend on the seed only.
+/// The engine's seeded generator (SplitMix64), with a range helper: workloads depend on the
+/// seed alone.
 #[derive(Debug, Clone)]
-pub struct SplitMix(pub u64);
+pub struct SplitMix(Rng);
 
 impl SplitMix {
+    pub fn new(seed: u64) -> SplitMix {
+        SplitMix(Rng::new(seed))
+    }
+
     pub fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
+        self.0.next_u64()
     }
 
     /// Uniform in `lo..=hi`.
