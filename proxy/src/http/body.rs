@@ -1,4 +1,5 @@
-//! Reading the whole request body under a size limit (413) and a deadline (408).
+//! Reading the whole request body under a size limit (413) and a deadline (408), or discarding
+//! a small one that an answer does not need.
 
 use std::time::Duration;
 
@@ -15,13 +16,31 @@ pub enum BodyError {
     ClientGone,
 }
 
-pub async fn read_body(session: &mut Session, limit: usize, deadline: Duration) -> Result<Bytes, BodyError> {
-    let declared = session
+/// The body length the client declared in `Content-Length`, if it did.
+fn declared_length(session: &Session) -> Option<u64> {
+    session
         .req_header()
         .headers
         .get(http::header::CONTENT_LENGTH)
         .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.parse::<u64>().ok());
+        .and_then(|v| v.trim().parse::<u64>().ok())
+}
+
+/// Largest body read and thrown away before an answer that does not need it.
+const MAX_DISCARD_BYTES: u64 = 1 << 20;
+
+/// Reads and discards a request body of known, small length before warmpath answers without
+/// it (404, 405, `GET /v1/models` with a body), so the client's keep-alive connection stays
+/// usable: pingora closes the connection after any answer given before the body was read.
+/// Larger or chunked bodies, or one that does not arrive within `deadline`, still close it.
+pub async fn discard_small_body(session: &mut Session, deadline: Duration) {
+    if declared_length(session).is_some_and(|n| n > 0 && n <= MAX_DISCARD_BYTES) {
+        let _ = tokio::time::timeout(deadline, session.drain_request_body()).await;
+    }
+}
+
+pub async fn read_body(session: &mut Session, limit: usize, deadline: Duration) -> Result<Bytes, BodyError> {
+    let declared = declared_length(session);
     if declared.is_some_and(|n| n > limit as u64) {
         return Err(BodyError::Reject(ApiError::too_large(limit)));
     }

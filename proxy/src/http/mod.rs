@@ -94,8 +94,14 @@ impl ProxyHttp for WarmpathProxy {
 
     async fn request_filter(&self, session: &mut Session, ctx: &mut RequestCtx) -> Result<bool> {
         let state = &self.state;
+        let route = route_of(&session.req_header().method, session.req_header().uri.path());
+        if !matches!(route, Route::Llm(_)) {
+            // Only LLM routes read the body; any other answer must not strand one.
+            let deadline = std::time::Duration::from_millis(state.cfg.limits.body_read_timeout_ms);
+            body::discard_small_body(session, deadline).await;
+        }
         let req = session.req_header();
-        match route_of(&req.method, req.uri.path()) {
+        match route {
             Route::Llm(r) => {
                 ctx.route = r.label();
                 forward::serve(state, session, ctx, r).await?;
@@ -105,16 +111,12 @@ impl ProxyHttp for WarmpathProxy {
                 models::serve(state, session, ctx).await?;
             }
             Route::MethodNotAllowed(allow) => {
-                discard_small_body(session, &state.cfg.limits).await;
-                let req = session.req_header();
                 let mut e = ApiError::invalid_request(format!("method {} is not allowed here", req.method));
                 e.status = 405;
                 ctx.status = 405;
                 respond::send_error(session, &e, &[("allow", allow.to_owned())]).await?;
             }
             Route::NotFound => {
-                discard_small_body(session, &state.cfg.limits).await;
-                let req = session.req_header();
                 let e = ApiError::not_found(format!("no route for {} {}", req.method, req.uri.path()))
                     .with_code("unknown_url");
                 ctx.status = 404;
@@ -156,25 +158,5 @@ impl ProxyHttp for WarmpathProxy {
             truncated = ctx.truncated,
             error = e.map(|e| e.to_string()),
         );
-    }
-}
-
-/// Largest body read and thrown away before an error answer that does not need it.
-const MAX_DISCARD_BYTES: usize = 1 << 20;
-
-/// Reads and discards a request body of known, small length before warmpath answers without
-/// it (404, 405), so the client's keep-alive connection stays usable; pingora closes the
-/// connection after any answer given before the body was read. Larger or chunked bodies, or
-/// one that does not arrive within the body deadline, still close it.
-async fn discard_small_body(session: &mut Session, limits: &crate::config::LimitsConfig) {
-    let len = session
-        .req_header()
-        .headers
-        .get(http::header::CONTENT_LENGTH)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.trim().parse::<usize>().ok());
-    if len.is_some_and(|n| n <= MAX_DISCARD_BYTES) {
-        let deadline = std::time::Duration::from_millis(limits.body_read_timeout_ms);
-        let _ = tokio::time::timeout(deadline, session.drain_request_body()).await;
     }
 }
