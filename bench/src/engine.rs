@@ -13,6 +13,8 @@ use warmpath_engine::metrics::Metrics;
 use warmpath_engine::model::{ModelConfig, Weights};
 use warmpath_engine::scheduler::{SamplingParams, SchedulerConfig};
 
+use crate::stats::median;
+
 #[derive(clap::Args)]
 pub struct Args {
     /// Model preset.
@@ -66,11 +68,6 @@ async fn one(
     }
     let first = first.ok_or_else(|| anyhow::anyhow!("no output"))?;
     Ok((first - start, last - first, n))
-}
-
-fn median(mut v: Vec<f64>) -> f64 {
-    v.sort_by(f64::total_cmp);
-    v[v.len() / 2]
 }
 
 pub async fn run(a: Args) -> anyhow::Result<()> {

@@ -8,7 +8,6 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full};
-use hyper_util::rt::TokioIo;
 
 use crate::targets::{self, Target};
 
@@ -155,9 +154,7 @@ impl Counters {
 }
 
 async fn request(addr: SocketAddr, req: hyper::Request<Full<Bytes>>) -> anyhow::Result<(u16, String)> {
-    let stream = tokio::net::TcpStream::connect(addr).await?;
-    let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream)).await?;
-    tokio::spawn(conn);
+    let mut sender = crate::load::connect(addr).await?;
     let resp = tokio::time::timeout(Duration::from_secs(10), sender.send_request(req)).await??;
     let status = resp.status().as_u16();
     let body = resp.into_body().collect().await?.to_bytes();

@@ -18,13 +18,9 @@ pub struct LoadResult {
 }
 
 impl LoadResult {
-    pub fn percentile(&self, p: f64) -> Duration {
-        let mut v = self.latencies.clone();
-        v.sort_unstable();
-        if v.is_empty() {
-            return Duration::ZERO;
-        }
-        v[((v.len() - 1) as f64 * p).round() as usize]
+    /// The `p` quantile of the latencies, in milliseconds (NaN without any).
+    pub fn percentile_ms(&self, p: f64) -> f64 {
+        crate::stats::quantile(self.latencies.iter().map(|d| d.as_secs_f64() * 1e3).collect(), p)
     }
 
     pub fn rps(&self) -> f64 {
@@ -32,9 +28,10 @@ impl LoadResult {
     }
 }
 
-type Sender = hyper::client::conn::http1::SendRequest<Full<Bytes>>;
+pub type Sender = hyper::client::conn::http1::SendRequest<Full<Bytes>>;
 
-async fn connect(addr: SocketAddr) -> anyhow::Result<Sender> {
+/// A keep-alive HTTP/1.1 client connection to `addr`.
+pub async fn connect(addr: SocketAddr) -> anyhow::Result<Sender> {
     let stream = tokio::net::TcpStream::connect(addr).await?;
     stream.set_nodelay(true)?;
     let (sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream)).await?;

@@ -11,6 +11,7 @@ mod refs;
 mod replay;
 mod report;
 mod requests;
+mod stats;
 mod targets;
 mod trace;
 mod upstream;

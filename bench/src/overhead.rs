@@ -12,6 +12,7 @@ use bytes::Bytes;
 use crate::load;
 use crate::procfs;
 use crate::requests;
+use crate::stats::median;
 use crate::targets::{self, Target};
 use crate::upstream;
 
@@ -50,14 +51,6 @@ struct Sample {
     errors: usize,
 }
 
-fn median(mut v: Vec<f64>) -> f64 {
-    v.sort_by(f64::total_cmp);
-    if v.is_empty() {
-        return f64::NAN;
-    }
-    v[v.len() / 2]
-}
-
 /// Where a measurement sends its requests and what it expects back.
 #[derive(Debug, Clone, Copy)]
 struct Probe {
@@ -80,8 +73,8 @@ async fn measure(t: &Target, body: &Bytes, n: usize, concurrency: usize, probe: 
     let done = r.latencies.len().max(1) as f64;
     Sample {
         rps: r.rps(),
-        p50_ms: r.percentile(0.5).as_secs_f64() * 1e3,
-        p99_ms: r.percentile(0.99).as_secs_f64() * 1e3,
+        p50_ms: r.percentile_ms(0.5),
+        p99_ms: r.percentile_ms(0.99),
         cpu_us: cpu0.zip(cpu1).map(|(a, b)| (b.saturating_sub(a)) as f64 / 1e3 / done),
         rss_mb: t.pid().map(|p| procfs::rss_bytes(p) as f64 / (1 << 20) as f64),
         errors: r.errors,

@@ -236,13 +236,12 @@ pub async fn open_loop(
 }
 
 /// Sessions run concurrently; each sends its turns in order (a turn starts when the previous
-/// answer is complete, after `think`). `sessions[i]` holds indices into `reqs`.
+/// answer is complete). `sessions[i]` holds indices into `reqs`.
 pub async fn sessions(
     addr: SocketAddr,
     reqs: Arc<Vec<Request>>,
     sessions: Vec<Vec<usize>>,
     conn: Connection,
-    think: Duration,
     progress: Arc<Progress>,
     timeout: Duration,
 ) -> Vec<Outcome> {
@@ -269,7 +268,6 @@ pub async fn sessions(
                         sender = None;
                     }
                     outs.push((i, out));
-                    tokio::time::sleep(think).await;
                 }
                 outs
             })

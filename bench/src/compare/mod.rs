@@ -24,7 +24,7 @@ use crate::replay::{self, Connection, Outcome, Progress};
 use crate::targets::{self, Target};
 use crate::trace::{self, TraceOpts};
 use crate::workload::Request;
-use crate::{overhead, procfs};
+use crate::{overhead, procfs, stats};
 use summary::Context;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -181,13 +181,10 @@ impl Run {
     }
 
     fn pct(&self, p: f64, f: impl Fn(&Outcome) -> Option<Duration>) -> f64 {
-        let mut v: Vec<f64> =
-            self.outcomes.iter().filter(|o| o.ok).filter_map(&f).map(|d| d.as_secs_f64() * 1e3).collect();
-        v.sort_by(f64::total_cmp);
-        if v.is_empty() {
-            return f64::NAN;
-        }
-        v[((v.len() - 1) as f64 * p).round() as usize]
+        stats::quantile(
+            self.outcomes.iter().filter(|o| o.ok).filter_map(&f).map(|d| d.as_secs_f64() * 1e3).collect(),
+            p,
+        )
     }
     fn errors(&self) -> usize {
         self.outcomes.iter().filter(|o| !o.ok).count()
@@ -272,16 +269,14 @@ impl Slot {
     fn label(&self) -> String {
         match self.mode {
             None => self.spec.clone(),
-            Some(m) => format!("{} ({})", self.spec, mode_name(m)),
+            Some(m) => format!("{} ({})", self.spec, value_name(m)),
         }
     }
 }
 
-fn mode_name(m: Mode) -> &'static str {
-    match m {
-        Mode::Naive => "naive",
-        Mode::Http => "http",
-    }
+/// The command-line spelling of a value (`high-load`, `naive`): reports use the flags' words.
+fn value_name(v: impl clap::ValueEnum) -> String {
+    v.to_possible_value().map(|p| p.get_name().to_owned()).unwrap_or_default()
 }
 
 pub async fn run(mut a: Args) -> anyhow::Result<()> {
@@ -396,7 +391,6 @@ pub async fn run(mut a: Args) -> anyhow::Result<()> {
                         reqs.clone(),
                         built.sessions.clone(),
                         conn,
-                        Duration::ZERO,
                         progress,
                         timeout,
                     )
@@ -441,7 +435,7 @@ pub async fn run(mut a: Args) -> anyhow::Result<()> {
     if let Some(dir) = out_dir {
         std::fs::create_dir_all(&dir)?;
         let stem = match a.workload {
-            Workload::Trace => format!("compare-trace-{}-{}", scenario_name(a.scenario), overhead::date()),
+            Workload::Trace => format!("compare-trace-{}-{}", value_name(a.scenario), overhead::date()),
             Workload::Agent => format!("compare-agent-{}", overhead::date()),
         };
         std::fs::write(dir.join(format!("{stem}.svg")), ctx.chart(&runs))?;
@@ -454,14 +448,6 @@ pub async fn run(mut a: Args) -> anyhow::Result<()> {
     let errors: usize = runs.iter().flatten().map(Run::errors).sum();
     anyhow::ensure!(!a.quick || errors == 0, "{errors} requests failed (first errors above)");
     Ok(())
-}
-
-fn scenario_name(s: Scenario) -> &'static str {
-    match s {
-        Scenario::Plain => "plain",
-        Scenario::HighLoad => "high-load",
-        Scenario::HotPrefix => "hot-prefix",
-    }
 }
 
 fn start_target(

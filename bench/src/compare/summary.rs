@@ -3,12 +3,13 @@
 
 use std::fmt::Write as _;
 
-use super::{scenario_name, Args, Run, Slot};
+use super::{value_name, Args, Run, Slot};
 use crate::fleet::{Counters, BLOCK_SIZE};
 use crate::overhead;
 use crate::refs::HitRate;
 use crate::replay::Outcome;
 use crate::report::{self, Chart};
+use crate::stats::median;
 use crate::trace::TraceOpts;
 use crate::workload::Request;
 
@@ -31,11 +32,6 @@ fn ratio(hit: f64, reference: f64, spec: &str) -> String {
         return "—".into();
     }
     format!("{:.3}", hit / reference.max(1e-9))
-}
-
-fn median(mut v: Vec<f64>) -> f64 {
-    v.sort_by(f64::total_cmp);
-    v.get(v.len() / 2).copied().unwrap_or(f64::NAN)
 }
 
 impl Context<'_> {
@@ -96,7 +92,7 @@ impl Context<'_> {
         let mut md = String::new();
         let cmd: Vec<String> = std::env::args().collect();
         let title = match self.topts {
-            Some(_) => format!("Trace replay, {} scenario", scenario_name(a.scenario)),
+            Some(_) => format!("Trace replay, {} scenario", value_name(a.scenario)),
             None => "Agent sessions".to_owned(),
         };
         let _ = writeln!(md, "# {title} — {}\n", overhead::date());
