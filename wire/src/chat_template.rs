@@ -44,55 +44,110 @@ pub enum Piece {
 
 /// Renders the conversation into pieces.
 pub fn render_pieces(messages: &[ChatMessage], tools: &[Tool], add_generation_prompt: bool) -> Vec<Piece> {
-    let mut out = Vec::new();
+    let mut b = PromptBuilder::default();
     let mut rest = messages;
-    let leading_system = matches!(messages.first().map(|m| m.role), Some(Role::System | Role::Developer));
-    if leading_system || !tools.is_empty() {
-        out.push(Piece::Template(format!("{IM_START}system\n")));
-        if leading_system {
-            out.push(Piece::Content(content_text(&messages[0])));
+    let system = match messages.first() {
+        Some(m) if matches!(m.role, Role::System | Role::Developer) => {
             rest = &messages[1..];
+            Some(content_text(m))
         }
-        if !tools.is_empty() {
-            let sep = if leading_system { "\n\n" } else { "" };
+        _ => None,
+    };
+    let lines: Vec<String> = tools.iter().map(tool_line).collect();
+    b.system_turn(system.as_deref(), lines.iter().map(String::as_str));
+    for m in rest {
+        match m.role {
+            Role::Tool => b.tool_result(m.tool_call_id.as_deref().unwrap_or(""), &content_text(m)),
+            _ => {
+                let calls: Vec<String> = m
+                    .tool_calls
+                    .iter()
+                    .flatten()
+                    .map(|c| tool_call_text(&c.function.name, &c.function.arguments))
+                    .collect();
+                b.turn(m.role.as_str(), &content_text(m), calls.iter().map(String::as_str));
+            }
+        }
+    }
+    if add_generation_prompt {
+        b.generation_prompt();
+    }
+    b.finish()
+}
+
+/// Renders a prompt turn by turn from borrowed parts. [`render_pieces`] uses it for typed
+/// messages; the proxy uses it for the request views it parses, so both render the same bytes.
+#[derive(Debug, Default)]
+pub struct PromptBuilder {
+    pieces: Vec<Piece>,
+}
+
+impl PromptBuilder {
+    /// The leading system turn: the system (or developer) text, then the tool block with one
+    /// [`tool_line`] per tool. Nothing when there is neither.
+    pub fn system_turn<'t>(&mut self, system: Option<&str>, tool_lines: impl IntoIterator<Item = &'t str>) {
+        let mut tool_lines = tool_lines.into_iter().peekable();
+        if system.is_none() && tool_lines.peek().is_none() {
+            return;
+        }
+        self.pieces.push(Piece::Template(format!("{IM_START}system\n")));
+        if let Some(text) = system {
+            self.pieces.push(Piece::Content(text.to_owned()));
+        }
+        if tool_lines.peek().is_some() {
+            let sep = if system.is_some() { "\n\n" } else { "" };
             let mut block =
                 format!("{sep}# Tools\n\nYou may call one or more functions. Signatures:\n<tools>\n");
-            for t in tools {
-                // Through a Value so that keys come out sorted at every depth.
-                block.push_str(&serde_json::to_value(t).map(|v| v.to_string()).unwrap_or_default());
+            for line in tool_lines {
+                block.push_str(line);
                 block.push('\n');
             }
             block.push_str("</tools>");
-            out.push(Piece::Content(block));
+            self.pieces.push(Piece::Content(block));
         }
-        out.push(Piece::Template(format!("{IM_END}\n")));
+        self.pieces.push(Piece::Template(format!("{IM_END}\n")));
     }
-    for m in rest {
-        out.push(Piece::Template(format!("{IM_START}{}\n", m.role.as_str())));
-        match m.role {
-            Role::Tool => {
-                let id = m.tool_call_id.as_deref().unwrap_or("");
-                out.push(Piece::Content(format!(
-                    "<tool_response id=\"{id}\">\n{}\n</tool_response>",
-                    content_text(m)
-                )));
-            }
-            _ => {
-                out.push(Piece::Content(content_text(m)));
-                for call in m.tool_calls.iter().flatten() {
-                    let args: serde_json::Value = serde_json::from_str(&call.function.arguments)
-                        .unwrap_or_else(|_| serde_json::Value::String(call.function.arguments.clone()));
-                    let body = serde_json::json!({"name": call.function.name, "arguments": args});
-                    out.push(Piece::Content(format!("<tool_call>\n{body}\n</tool_call>")));
-                }
-            }
+
+    /// A user, assistant (or later system) turn; `calls` are [`tool_call_text`]s.
+    pub fn turn<'t>(&mut self, role: &str, text: &str, calls: impl IntoIterator<Item = &'t str>) {
+        self.pieces.push(Piece::Template(format!("{IM_START}{role}\n")));
+        self.pieces.push(Piece::Content(text.to_owned()));
+        for call in calls {
+            self.pieces.push(Piece::Content(format!("<tool_call>\n{call}\n</tool_call>")));
         }
-        out.push(Piece::Template(format!("{IM_END}\n")));
+        self.pieces.push(Piece::Template(format!("{IM_END}\n")));
     }
-    if add_generation_prompt {
-        out.push(Piece::Template(format!("{IM_START}assistant\n")));
+
+    /// A tool result turn.
+    pub fn tool_result(&mut self, tool_call_id: &str, text: &str) {
+        self.pieces.push(Piece::Template(format!("{IM_START}tool\n")));
+        self.pieces
+            .push(Piece::Content(format!("<tool_response id=\"{tool_call_id}\">\n{text}\n</tool_response>")));
+        self.pieces.push(Piece::Template(format!("{IM_END}\n")));
     }
-    out
+
+    /// The assistant turn the model is to write.
+    pub fn generation_prompt(&mut self) {
+        self.pieces.push(Piece::Template(format!("{IM_START}assistant\n")));
+    }
+
+    pub fn finish(self) -> Vec<Piece> {
+        self.pieces
+    }
+}
+
+/// A tool's line in the tool block: its JSON with keys sorted at every depth, compact.
+pub fn tool_line(t: &Tool) -> String {
+    // Through a Value so that keys come out sorted at every depth.
+    serde_json::to_value(t).map(|v| v.to_string()).unwrap_or_default()
+}
+
+/// A tool call as the model writes it: `{"arguments": {...}, "name": ...}` with the arguments
+/// parsed when they are JSON (a string otherwise), keys sorted.
+pub fn tool_call_text(name: &str, arguments: &str) -> String {
+    let args: serde_json::Value =
+        serde_json::from_str(arguments).unwrap_or_else(|_| serde_json::Value::String(arguments.to_owned()));
+    serde_json::json!({"name": name, "arguments": args}).to_string()
 }
 
 fn content_text(m: &ChatMessage) -> String {
@@ -141,6 +196,7 @@ mod tests {
                 parameters: Some(serde_json::json!({"type": "object", "properties": {}})),
                 extra: Default::default(),
             },
+            extra: Default::default(),
         }
     }
 

@@ -120,6 +120,39 @@ impl Tokenizer {
     }
 }
 
+/// Cuts `text` into chunks of at least `min_len` bytes (the last one may be shorter), each cut
+/// right after a newline that a non-whitespace character follows. The cl100k pre-tokenizer
+/// always splits there and no merge crosses a split, so encoding the chunks one by one gives
+/// exactly the ids of encoding `text` whole: a caller may cache chunk ids and reuse them
+/// wherever the same chunk recurs (the proxy does, for the prompts of agent loops). The cuts
+/// depend only on the text from the previous cut on, so equal texts cut equally.
+pub fn chunks(text: &str, min_len: usize) -> impl Iterator<Item = &str> {
+    let mut rest = text;
+    std::iter::from_fn(move || {
+        if rest.is_empty() {
+            return None;
+        }
+        let bytes = rest.as_bytes();
+        let mut i = min_len.max(1).min(rest.len());
+        let cut = loop {
+            match bytes[i - 1..].iter().position(|&b| b == b'\n') {
+                None => break rest.len(),
+                Some(p) => {
+                    let after = i + p; // index just past the newline
+                    match rest[after..].chars().next() {
+                        None => break rest.len(),
+                        Some(c) if !c.is_whitespace() => break after,
+                        Some(_) => i = after + 1,
+                    }
+                }
+            }
+        };
+        let (chunk, tail) = rest.split_at(cut);
+        rest = tail;
+        Some(chunk)
+    })
+}
+
 /// Turns a stream of ids into text pieces without splitting multi-byte characters: bytes are
 /// held back until they form complete UTF-8.
 #[derive(Debug, Default)]
@@ -197,6 +230,29 @@ mod tests {
         let plain = t.encode(&s);
         assert!(plain.iter().all(|&i| !t.is_special(i)));
         assert_eq!(t.decode(&with).expect("decodes"), s);
+    }
+
+    proptest::proptest! {
+        #[test]
+        fn chunked_encoding_equals_whole_encoding(
+            text in "[ab1 \t\r\n.'é中<>{}\"]{0,200}",
+            min_len in 1usize..24,
+        ) {
+            let t = Tokenizer::wp32k();
+            let parts: Vec<&str> = chunks(&text, min_len).collect();
+            proptest::prop_assert_eq!(parts.concat(), text.clone());
+            let chunked: Vec<u32> = parts.iter().flat_map(|c| t.encode(c)).collect();
+            proptest::prop_assert_eq!(chunked, t.encode(&text));
+        }
+    }
+
+    #[test]
+    fn chunks_are_cut_after_newlines_before_text() {
+        let text = "line one\nline two\n\n  indented\nend";
+        let parts: Vec<&str> = chunks(text, 4).collect();
+        assert_eq!(parts, ["line one\n", "line two\n\n  indented\n", "end"]);
+        assert_eq!(chunks(text, 1000).collect::<Vec<_>>(), [text]);
+        assert_eq!(chunks("", 4).count(), 0);
     }
 
     #[test]

@@ -136,6 +136,9 @@ pub struct Tool {
     #[serde(rename = "type")]
     pub kind: String,
     pub function: FunctionDef,
+    /// Fields beside `function` (kept so that a tool renders the way it was sent).
+    #[serde(flatten)]
+    pub extra: Map<String, Value>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
