@@ -7,6 +7,7 @@
 //! [`embedded`] starts bundled engine replicas, [`limits`] holds the connection-level limits
 //! pingora lacks, and [`server`] assembles the process. See `docs/ARCHITECTURE.md`.
 
+pub mod canon;
 pub mod cli;
 pub mod config;
 pub mod embedded;

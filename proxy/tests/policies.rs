@@ -76,7 +76,7 @@ fn prefix_hash_keeps_a_prefix_on_one_backend_and_spreads_prefixes() {
     let es = engines(3);
     let proxy = Proxy::start(&policy(
         "",
-        "policy = \"prefix_hash\"\n[pools.prefix_hash]\nprefix_bytes = 256",
+        "policy = \"prefix_hash\"\n[pools.prefix_hash]\nprefix_blocks = 4",
         &["m"],
         &backends(&es),
     ));

@@ -9,7 +9,7 @@ mod types;
 mod validate;
 
 pub use load::{load, parse, ConfigError};
-pub use types::{BackendUrl, Ratio};
+pub use types::{BackendUrl, Pattern, Ratio};
 pub use validate::{validate, Invalid, PathSeg};
 
 use std::net::SocketAddr;
@@ -205,6 +205,8 @@ pub struct PoolConfig {
     #[serde(default)]
     pub session: SessionConfig,
     #[serde(default)]
+    pub canon: CanonConfig,
+    #[serde(default)]
     pub backends: Vec<BackendConfig>,
     /// Start bundled engine replicas instead of naming backends.
     #[serde(default)]
@@ -229,8 +231,8 @@ pub enum PolicyKind {
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct PrefixHashConfig {
-    /// Bytes of the request's leading content that form the key.
-    pub prefix_bytes: usize,
+    /// Leading prefix blocks that form the key (the chained hash of the last of them).
+    pub prefix_blocks: usize,
     /// A backend takes a key only while its in-flight count stays within this factor of the
     /// pool's mean (the "c" of consistent hashing with bounded loads).
     pub load_factor: f64,
@@ -240,8 +242,99 @@ pub struct PrefixHashConfig {
 
 impl Default for PrefixHashConfig {
     fn default() -> Self {
-        PrefixHashConfig { prefix_bytes: 4096, load_factor: 1.25, vnodes: 160 }
+        PrefixHashConfig { prefix_blocks: 64, load_factor: 1.25, vnodes: 160 }
     }
+}
+
+/// `[pools.canon]`: stable prefixes. Requests are rewritten into their canonical arrangement
+/// (tools by name with sorted keys, volatile system-prompt lines moved behind the prefix) and
+/// their prompt is cut into prefix blocks whose hashes are the routing key.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct CanonConfig {
+    /// Rewrite requests; off sends them as the client wrote them (block hashes are still
+    /// computed where the policy routes by prefix).
+    pub enabled: bool,
+    /// Tools in name order, keys sorted at every depth, compact JSON.
+    pub sort_tools: bool,
+    /// Built-in volatile-line rules in force.
+    pub volatile: Vec<BuiltinRule>,
+    /// Your own volatile-line rules.
+    pub rules: Vec<RuleConfig>,
+    /// Longest line a rule moves, in bytes; a longer line is content, not a stamp, and stays.
+    pub max_moved_line_bytes: usize,
+    /// Role of the message that carries the moved lines, placed after the last message.
+    pub note_role: NoteRole,
+    /// Tokenizer of the prefix blocks.
+    pub tokenizer: TokenizerKind,
+    /// Tokens per prefix block (the backends' KV block size).
+    pub block_size: usize,
+    /// Bytes per block where no tokenizer is known.
+    pub chunk_bytes: usize,
+    /// Memory for cached token ids of recurring prompt chunks, in MiB.
+    pub token_cache_mib: u64,
+}
+
+impl Default for CanonConfig {
+    fn default() -> Self {
+        CanonConfig {
+            enabled: false,
+            sort_tools: true,
+            volatile: vec![BuiltinRule::Date, BuiltinRule::Time, BuiltinRule::RequestId],
+            rules: Vec::new(),
+            max_moved_line_bytes: 200,
+            note_role: NoteRole::System,
+            tokenizer: TokenizerKind::Auto,
+            block_size: 16,
+            chunk_bytes: 64,
+            token_cache_mib: 64,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum BuiltinRule {
+    /// `2026-12-03`, `12/03/2026`, `Dec 3, 2026`, `3 December 2026`.
+    Date,
+    /// `10:42:07`, `10:42 PM`, `T10:42`, Unix timestamps.
+    Time,
+    /// UUIDs and `request id:`-style labels.
+    RequestId,
+}
+
+/// `[[pools.canon.rules]]`: lines of the system prompt matching `pattern` move behind the prefix.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RuleConfig {
+    /// The `rule` label of the moved-bytes metric.
+    pub name: String,
+    pub pattern: Pattern,
+    #[serde(default = "yes")]
+    pub enabled: bool,
+}
+
+fn yes() -> bool {
+    true
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum NoteRole {
+    System,
+    Developer,
+    User,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum TokenizerKind {
+    /// `wp32k` for embedded pools (the bundled engine's tokenizer), `none` otherwise.
+    Auto,
+    /// The bundled engine's tokenizer and chat template.
+    Wp32k,
+    /// Fixed-size byte chunks of the canonical prompt text.
+    None,
 }
 
 /// `[pools.session]`: sticky routing by a session key.

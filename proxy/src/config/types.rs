@@ -87,6 +87,21 @@ impl<'de> Deserialize<'de> for Ratio {
     }
 }
 
+/// A regular expression, compiled (and so checked) while the file is parsed.
+#[derive(Debug, Clone)]
+pub struct Pattern(pub regex::Regex);
+
+impl<'de> Deserialize<'de> for Pattern {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let s = String::deserialize(d)?;
+        regex::RegexBuilder::new(&s)
+            .size_limit(1 << 20)
+            .build()
+            .map(Pattern)
+            .map_err(|e| serde::de::Error::custom(format!("bad pattern: {e}")))
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -154,7 +154,7 @@ pub fn validate(cfg: &Config) -> Result<(), Invalid> {
         }
         if pool.policy == PolicyKind::PrefixHash {
             let ph = p.key("prefix_hash");
-            positive(ph.key("prefix_bytes"), pool.prefix_hash.prefix_bytes as u64)?;
+            positive(ph.key("prefix_blocks"), pool.prefix_hash.prefix_blocks as u64)?;
             positive(ph.key("vnodes"), pool.prefix_hash.vnodes as u64)?;
         }
         if pool.prefix_hash.load_factor.is_nan() || pool.prefix_hash.load_factor < 1.0 {
@@ -162,6 +162,15 @@ pub fn validate(cfg: &Config) -> Result<(), Invalid> {
                 "{} must be at least 1.0 (1.0 allows no imbalance at all)",
                 pool.prefix_hash.load_factor
             )));
+        }
+        let c = p.key("canon");
+        positive(c.key("block_size"), pool.canon.block_size as u64)?;
+        positive(c.key("chunk_bytes"), pool.canon.chunk_bytes as u64)?;
+        positive(c.key("max_moved_line_bytes"), pool.canon.max_moved_line_bytes as u64)?;
+        for (k, r) in pool.canon.rules.iter().enumerate() {
+            if r.name.is_empty() {
+                return Err(c.key("rules").index(k).key("name").err("must not be empty"));
+            }
         }
         if pool.session.overload_factor.is_nan() || pool.session.overload_factor < 1.0 {
             return Err(p

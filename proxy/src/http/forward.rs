@@ -95,8 +95,17 @@ pub async fn serve(
         return reject(state, session, ctx, &e, "model_not_found").await;
     };
     let session_header = session.req_header().headers.get("x-session-id").and_then(|v| v.to_str().ok());
-    let key = parsed.route_key(pool, session_header);
+    let hash = pool.policy.wants_prefix() || pool.canon.rewrites();
+    let started = Instant::now();
+    let prepared = match pool.canon.prepare(&parsed, hash) {
+        Ok(p) => p,
+        Err(e) => return reject(state, session, ctx, &e, "bad_request").await,
+    };
+    state.metrics.record_canon(&pool.name, &pool.canon, &prepared, started.elapsed());
+    let key = parsed.route_key(pool, session_header, prepared.blocks.as_ref());
     drop(parsed);
+    let prefix_hdr = prepared.blocks.as_ref().map(|b| format!("{:016x}", b.prefix_hash));
+    let body = prepared.body.map(Bytes::from).unwrap_or(body);
     let template = upstream_template(session.req_header());
 
     pool.budget.deposit();
@@ -127,7 +136,8 @@ pub async fn serve(
         if attempt > 1 {
             route_hdr.push_str(&format!("; attempt={attempt}"));
         }
-        match try_backend(state, session, ctx, route, pool, &sel, &template, &body, &route_hdr).await? {
+        let shown = Shown { route: &route_hdr, prefix: prefix_hdr.as_deref() };
+        match try_backend(state, session, ctx, route, pool, &sel, &template, &body, shown).await? {
             Attempt::Done => return Ok(()),
             Attempt::Failed(f) => {
                 note_failure(state, pool, &backend, f.label());
@@ -139,7 +149,8 @@ pub async fn serve(
     // Every attempt failed before anything reached the client.
     match last {
         Some(Failure::Status { header, body }) => {
-            let mut resp = copy_response_header(&header, ctx.backend.as_deref().unwrap_or(""), "exhausted")?;
+            let shown = Shown { route: "exhausted", prefix: prefix_hdr.as_deref() };
+            let mut resp = copy_response_header(&header, ctx.backend.as_deref().unwrap_or(""), shown)?;
             resp.insert_header(header::CONTENT_LENGTH, body.len().to_string())?;
             ctx.status = resp.status.as_u16();
             session.write_response_header(Box::new(resp), body.is_empty()).await?;
@@ -214,15 +225,31 @@ fn build_request(t: &Template, backend: &Backend, body_len: usize) -> pingora::R
     Ok(req)
 }
 
+/// warmpath's own response headers beside `x-warmpath-backend`.
+#[derive(Debug, Clone, Copy)]
+struct Shown<'a> {
+    /// `x-warmpath-route`: policy and reason.
+    route: &'a str,
+    /// `x-warmpath-prefix-hash`, where the prompt was cut into blocks.
+    prefix: Option<&'a str>,
+}
+
 /// What the client sees of the backend's header: everything but hop-by-hop fields, plus
 /// warmpath's own; chunked framing where the backend gave no length.
-fn copy_response_header(up: &ResponseHeader, backend: &str, route: &str) -> pingora::Result<ResponseHeader> {
-    let mut resp = ResponseHeader::build(up.status, Some(up.headers.len() + 3))?;
+fn copy_response_header(
+    up: &ResponseHeader,
+    backend: &str,
+    shown: Shown<'_>,
+) -> pingora::Result<ResponseHeader> {
+    let mut resp = ResponseHeader::build(up.status, Some(up.headers.len() + 4))?;
     for (n, v) in up.headers.iter().filter(|(n, _)| !skip_response_header(n)) {
         resp.append_header(n.clone(), v.clone())?;
     }
     resp.insert_header("x-warmpath-backend", backend)?;
-    resp.insert_header("x-warmpath-route", route)?;
+    resp.insert_header("x-warmpath-route", shown.route)?;
+    if let Some(p) = shown.prefix {
+        resp.insert_header("x-warmpath-prefix-hash", p)?;
+    }
     Ok(resp)
 }
 
@@ -258,7 +285,7 @@ async fn try_backend(
     sel: &Selected,
     template: &Template,
     body: &Bytes,
-    route_hdr: &str,
+    shown: Shown<'_>,
 ) -> pingora::Result<Attempt> {
     let backend = sel.backend();
     // A pooled connection the backend closed while idle fails at once; one fresh connection
@@ -304,7 +331,7 @@ async fn try_backend(
         return Ok(Attempt::Failed(Failure::Status { header: Box::new(up_header), body: buf.freeze() }));
     }
 
-    let mut resp = copy_response_header(&up_header, &backend.name, route_hdr)?;
+    let mut resp = copy_response_header(&up_header, &backend.name, shown)?;
     match up_header.headers.get(header::CONTENT_LENGTH) {
         Some(len) => resp.insert_header(header::CONTENT_LENGTH, len.clone())?,
         None => resp.insert_header(header::TRANSFER_ENCODING, "chunked")?,

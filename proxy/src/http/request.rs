@@ -13,6 +13,7 @@ use serde::Deserialize;
 use serde_json::value::RawValue;
 use warmpath_wire::openai::ApiError;
 
+use crate::canon::Blocks;
 use crate::route::{key, Pool, RouteKey};
 
 /// A route that goes to a backend.
@@ -86,13 +87,18 @@ impl<'de: 'a, 'a> Deserialize<'de> for Str<'a> {
     }
 }
 
-/// One chat message as routing reads it; its other fields stay in the body.
+/// One chat message as the proxy reads it; its other fields stay in the body.
 #[derive(Debug, Deserialize)]
 pub struct MessageView<'a> {
     #[serde(borrow)]
     pub role: Str<'a>,
     #[serde(borrow)]
     pub content: Option<&'a RawValue>,
+    /// Assistant turns: the calls, read leniently where they are rendered.
+    #[serde(borrow, default)]
+    pub tool_calls: Option<&'a RawValue>,
+    #[serde(borrow, default)]
+    pub tool_call_id: Option<Str<'a>>,
 }
 
 /// A text content part (`{"type":"text","text":...}`); other parts have no `text`.
@@ -107,8 +113,9 @@ pub struct PartView<'a> {
 pub struct LlmRequest<'a> {
     pub route: LlmRoute,
     pub model: Str<'a>,
-    /// Chat only: the messages.
+    /// Chat only: the messages, and each one's raw JSON.
     pub messages: Vec<MessageView<'a>>,
+    pub raw_messages: Vec<&'a RawValue>,
     /// `prompt` (completions) or `input` (responses, embeddings).
     pub content: Option<&'a RawValue>,
     /// Responses only: `instructions`.
@@ -138,13 +145,11 @@ impl<'a> LlmRequest<'a> {
         serde_json::from_str::<Str<'a>>(raw.get()).ok().map(|s| s.0)
     }
 
-    /// The routing key the pool's policy asks for; nothing is hashed that it does not read.
-    pub fn route_key(&self, pool: &Pool, session_header: Option<&str>) -> RouteKey {
-        let limit = pool.prefix_bytes;
-        let prefix = pool.policy.wants_prefix().then(|| match self.route {
-            LlmRoute::Chat => key::chat_prefix(self.model(), &self.messages, limit),
-            _ => key::raw_prefix(self.model(), self.instructions, self.content, limit),
-        });
+    /// The routing key the pool's policy asks for, from the prompt's prefix blocks (computed
+    /// where the policy wants a prefix) and the session fields.
+    pub fn route_key(&self, pool: &Pool, session_header: Option<&str>, blocks: Option<&Blocks>) -> RouteKey {
+        let prefix =
+            blocks.filter(|_| pool.policy.wants_prefix()).map(|b| key::prefix_key(b, pool.prefix_blocks));
         let session = pool
             .policy
             .wants_session()
@@ -177,7 +182,7 @@ impl<'de> Visitor<'de> for RequestSeed {
         let route = self.0;
         let content_field = route.content_field();
         let mut model: Option<Str<'de>> = None;
-        let mut messages: Option<Vec<MessageView<'de>>> = None;
+        let mut messages: Option<Vec<&'de RawValue>> = None;
         let mut content: Option<&'de RawValue> = None;
         let mut instructions: Option<&'de RawValue> = None;
         let mut extra = Vec::new();
@@ -214,14 +219,22 @@ impl<'de> Visitor<'de> for RequestSeed {
             }
         }
         let model = model.ok_or_else(|| de::Error::missing_field("model"))?;
-        let messages = match route {
+        let raw_messages = match route {
             LlmRoute::Chat => messages.ok_or_else(|| de::Error::missing_field("messages"))?,
             _ => Vec::new(),
         };
+        let messages = raw_messages
+            .iter()
+            .enumerate()
+            .map(|(i, raw)| {
+                MessageView::deserialize(&mut serde_json::Deserializer::from_str(raw.get()))
+                    .map_err(|e| de::Error::custom(format!("messages[{i}]: {e}")))
+            })
+            .collect::<Result<Vec<_>, A::Error>>()?;
         if matches!(route, LlmRoute::Completions | LlmRoute::Embeddings) && content.is_none() {
             return Err(de::Error::missing_field(content_field));
         }
-        Ok(LlmRequest { route, model, messages, content, instructions, extra })
+        Ok(LlmRequest { route, model, messages, raw_messages, content, instructions, extra })
     }
 }
 

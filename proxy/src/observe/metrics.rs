@@ -48,6 +48,18 @@ pub struct Metrics {
     pub build_info: IntGaugeVec,
     /// In-flight requests in the whole proxy.
     pub inflight_total: IntGauge,
+    /// `pool`, `edit` (`tools_reordered`, `volatile_moved`): requests canonicalization changed.
+    pub canon_edits: IntCounterVec,
+    /// `pool`, `rule`: bytes of volatile lines moved behind the prefix.
+    pub canon_moved_bytes: IntCounterVec,
+    /// `pool`: canonicalization and block hashing time per request.
+    pub canon_duration: HistogramVec,
+    /// `pool`: prompt tokens of requests cut into token blocks.
+    pub prompt_tokens: HistogramVec,
+    /// `pool`, `result` (`hit`, `miss`): token-cache lookups of prompt chunks.
+    pub token_cache_lookups: IntCounterVec,
+    /// `pool`: bytes held by the token cache.
+    pub token_cache_bytes: IntGaugeVec,
 }
 
 impl Metrics {
@@ -85,7 +97,45 @@ impl Metrics {
         let inflight_total = IntGauge::new("warmpath_inflight_requests", "Requests in flight in the proxy.")
             .expect("valid metric");
         registry.register(Box::new(inflight_total.clone())).expect("unique metric");
+        let with_buckets = |name: &str, help: &str, labels: &[&str], buckets: Vec<f64>| {
+            let h = HistogramVec::new(HistogramOpts::new(name, help).buckets(buckets), labels)
+                .expect("valid metric");
+            registry.register(Box::new(h.clone())).expect("unique metric");
+            h
+        };
         let m = Metrics {
+            canon_edits: counter(
+                "warmpath_canon_edits_total",
+                "Requests that canonicalization changed, by edit.",
+                &["pool", "edit"],
+            ),
+            canon_moved_bytes: counter(
+                "warmpath_canon_moved_bytes_total",
+                "Bytes of volatile system-prompt lines moved behind the stable prefix, by rule.",
+                &["pool", "rule"],
+            ),
+            canon_duration: with_buckets(
+                "warmpath_canon_duration_seconds",
+                "Canonicalization and prefix block hashing time per request.",
+                &["pool"],
+                prometheus::exponential_buckets(5e-6, 2.0, 16).expect("valid buckets"),
+            ),
+            prompt_tokens: with_buckets(
+                "warmpath_prompt_tokens",
+                "Prompt tokens of requests cut into token blocks.",
+                &["pool"],
+                prometheus::exponential_buckets(64.0, 2.0, 14).expect("valid buckets"),
+            ),
+            token_cache_lookups: counter(
+                "warmpath_token_cache_lookups_total",
+                "Token-cache lookups of prompt chunks, by result.",
+                &["pool", "result"],
+            ),
+            token_cache_bytes: gauge(
+                "warmpath_token_cache_bytes",
+                "Bytes held by the token cache.",
+                &["pool"],
+            ),
             requests: counter(
                 "warmpath_requests_total",
                 "Requests by route, backend and the status the client got.",
@@ -150,6 +200,35 @@ impl Metrics {
         };
         m.build_info.with_label_values(&[env!("CARGO_PKG_VERSION")]).set(1);
         m
+    }
+
+    /// One request's canonicalization.
+    pub fn record_canon(
+        &self,
+        pool: &str,
+        canon: &crate::canon::Canon,
+        p: &crate::canon::Prepared,
+        took: std::time::Duration,
+    ) {
+        if p.body.is_none() && p.blocks.is_none() {
+            return;
+        }
+        self.canon_duration.with_label_values(&[pool]).observe(took.as_secs_f64());
+        if p.edits.tools_reordered {
+            self.canon_edits.with_label_values(&[pool, "tools_reordered"]).inc();
+        }
+        if !p.edits.moved.is_empty() {
+            self.canon_edits.with_label_values(&[pool, "volatile_moved"]).inc();
+        }
+        for (rule, bytes) in &p.edits.moved {
+            self.canon_moved_bytes.with_label_values(&[pool, rule]).inc_by(*bytes as u64);
+        }
+        if let (Some(b), Some(cache)) = (&p.blocks, canon.encoder().cache()) {
+            self.prompt_tokens.with_label_values(&[pool]).observe(b.units as f64);
+            self.token_cache_lookups.with_label_values(&[pool, "hit"]).inc_by(p.lookups.hits);
+            self.token_cache_lookups.with_label_values(&[pool, "miss"]).inc_by(p.lookups.misses);
+            self.token_cache_bytes.with_label_values(&[pool]).set(cache.weighted_size() as i64);
+        }
     }
 
     /// The registry in Prometheus text format.

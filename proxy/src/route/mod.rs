@@ -29,8 +29,10 @@ pub struct Pool {
     pub policy: Box<dyn Policy>,
     pub backends: Vec<Arc<Backend>>,
     pub max_inflight: usize,
-    /// Bytes of leading content in the `prefix_hash` key.
-    pub prefix_bytes: usize,
+    /// Leading prefix blocks in the `prefix_hash` key.
+    pub prefix_blocks: usize,
+    /// How this pool's requests are canonicalized and cut into prefix blocks.
+    pub canon: crate::canon::Canon,
     pub budget: RetryBudget,
 }
 
@@ -197,7 +199,8 @@ fn build_pool(pc: &PoolConfig, backends: Vec<Arc<Backend>>, cfg: &Config) -> Poo
         policy,
         backends,
         max_inflight: pc.max_inflight_per_backend,
-        prefix_bytes: pc.prefix_hash.prefix_bytes,
+        prefix_blocks: pc.prefix_hash.prefix_blocks,
+        canon: crate::canon::Canon::new(&pc.canon, pc.embedded.is_some()),
         budget: RetryBudget::new(cfg.retry.budget_ratio.0, cfg.retry.min_retries_per_sec),
     }
 }

@@ -1,0 +1,89 @@
+//! JSON text in canonical form: keys sorted at every depth, no insignificant whitespace.
+
+use std::borrow::Cow;
+
+use serde_json::Value;
+
+/// `raw` with keys sorted at every depth and no whitespace outside strings; numbers are
+/// written the way serde_json writes them (`1.50` becomes `1.5`), which keeps their value.
+pub fn canonical(raw: &str) -> Result<String, serde_json::Error> {
+    // serde_json's map is a BTreeMap here (no `preserve_order`), so this sorts.
+    let v: Value = serde_json::from_str(raw)?;
+    Ok(v.to_string())
+}
+
+/// `raw` (valid JSON) without whitespace outside strings, key order and spelling kept;
+/// borrowed when there was none.
+pub fn minify(raw: &str) -> Cow<'_, str> {
+    let b = raw.as_bytes();
+    let mut in_str = false;
+    let mut escaped = false;
+    let first_ws = b.iter().position(|&c| {
+        if in_str {
+            match (escaped, c) {
+                (true, _) => escaped = false,
+                (false, b'\\') => escaped = true,
+                (false, b'"') => in_str = false,
+                _ => {}
+            }
+            false
+        } else {
+            match c {
+                b'"' => {
+                    in_str = true;
+                    false
+                }
+                b' ' | b'\n' | b'\r' | b'\t' => true,
+                _ => false,
+            }
+        }
+    });
+    let Some(start) = first_ws else { return Cow::Borrowed(raw) };
+    let mut out = String::with_capacity(raw.len());
+    out.push_str(&raw[..start]);
+    // `start` is outside any string.
+    let (mut in_str, mut escaped) = (false, false);
+    let mut run_start = start;
+    for (i, &c) in b.iter().enumerate().skip(start) {
+        if in_str {
+            match (escaped, c) {
+                (true, _) => escaped = false,
+                (false, b'\\') => escaped = true,
+                (false, b'"') => in_str = false,
+                _ => {}
+            }
+        } else if matches!(c, b' ' | b'\n' | b'\r' | b'\t') {
+            out.push_str(&raw[run_start..i]);
+            run_start = i + 1;
+        } else if c == b'"' {
+            in_str = true;
+        }
+    }
+    out.push_str(&raw[run_start..]);
+    Cow::Owned(out)
+}
+
+/// `s` as a JSON string literal.
+pub fn string(s: &str) -> String {
+    serde_json::to_string(s).unwrap_or_else(|_| "\"\"".to_owned())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn canonical_sorts_keys_at_every_depth() {
+        let c = canonical(r#"{ "b": 1, "a": {"z": [ {"y": 1, "x": 2} ], "c": null} }"#).expect("json");
+        assert_eq!(c, r#"{"a":{"c":null,"z":[{"x":2,"y":1}]},"b":1}"#);
+        assert_eq!(canonical(&c).expect("json"), c, "idempotent");
+    }
+
+    #[test]
+    fn minify_drops_only_insignificant_whitespace() {
+        let raw = "{ \"a b\" : [1, 2],\n\t\"c\": \"x \\\" y\" }";
+        assert_eq!(minify(raw), r#"{"a b":[1,2],"c":"x \" y"}"#);
+        assert!(matches!(minify(r#"{"a":"b c"}"#), Cow::Borrowed(_)));
+        assert_eq!(minify(r#"["\\", 1]"#), r#"["\\",1]"#, "an escaped backslash ends before the quote");
+    }
+}

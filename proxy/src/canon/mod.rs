@@ -1,0 +1,499 @@
+//! Stable prefixes. A prefix cache only pays when the prefix is byte-identical, and agent
+//! harnesses break that all the time: tools serialized from hash maps in varying order, a
+//! timestamp on the second line of the system prompt. [`Canon::prepare`] repairs that on the way
+//! through and cuts the prompt into the prefix blocks that routing keys on.
+//!
+//! The canonical arrangement of a request (every rewrite keeps its meaning: the model gets the
+//! same messages, tools and parameters):
+//! - tools in name order, each with keys sorted at every depth, compact;
+//! - lines of the system prompt that a volatile rule matches (dates, times, request ids, the
+//!   policy's own patterns) moved into a note appended after the last message;
+//! - no insignificant JSON whitespace; every other byte of every message as sent.
+//!
+//! Everything here is a pure function of the request and the pool's policy (the caches only
+//! save work), and canonicalizing a canonical request changes nothing.
+
+pub mod json;
+pub mod render;
+pub mod tools;
+pub mod volatile;
+
+use std::borrow::Cow;
+use std::sync::Arc;
+
+use serde::Deserialize;
+use serde_json::value::RawValue;
+use serde_json::{Map, Value};
+use warmpath_wire::chat_template::{tool_call_text, Piece, PromptBuilder};
+use warmpath_wire::openai::ApiError;
+use warmpath_wire::tokenizer::Tokenizer;
+
+use crate::config::{CanonConfig, NoteRole, TokenizerKind};
+use crate::http::request::{LlmRequest, LlmRoute, MessageView, PartView, Str};
+pub use render::{Blocks, Encoder, Lookups, TokenCache};
+use tools::{CanonTool, ToolCache};
+use volatile::Volatile;
+
+/// Share of `token_cache_mib` given to canonical tools.
+const TOOL_CACHE_SHARE: u64 = 4;
+
+/// Canonical tools in the order sent on, and whether that differs from what the client sent.
+type ToolList = (Vec<Arc<CanonTool>>, bool);
+
+/// One pool's canonicalizer.
+#[derive(Debug)]
+pub struct Canon {
+    rewrite: bool,
+    sort_tools: bool,
+    volatile: Volatile,
+    note_role: &'static str,
+    encoder: Encoder,
+    tools: ToolCache,
+}
+
+/// What [`Canon::prepare`] did to a request.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct Edits {
+    /// The tools were not in canonical order or form.
+    pub tools_reordered: bool,
+    /// Per moved line: the rule's name and the line's bytes.
+    pub moved: Vec<(String, usize)>,
+}
+
+/// A request ready to send: its body and its prefix blocks.
+#[derive(Debug)]
+pub struct Prepared {
+    /// The canonical body; `None` sends the client's bytes unchanged.
+    pub body: Option<Vec<u8>>,
+    /// Present when asked for.
+    pub blocks: Option<Blocks>,
+    pub edits: Edits,
+    /// Token-cache lookups made for the blocks.
+    pub lookups: Lookups,
+}
+
+impl Canon {
+    /// `embedded`: the pool's backends are bundled engines, whose tokenizer is known.
+    pub fn new(cfg: &CanonConfig, embedded: bool) -> Canon {
+        let bytes = cfg.token_cache_mib.saturating_mul(1 << 20);
+        let tokenized = match cfg.tokenizer {
+            TokenizerKind::Auto => embedded,
+            TokenizerKind::Wp32k => true,
+            TokenizerKind::None => false,
+        };
+        let encoder = if tokenized {
+            Encoder::Tokens {
+                tok: Tokenizer::wp32k(),
+                block_size: cfg.block_size,
+                cache: TokenCache::new(bytes - bytes / TOOL_CACHE_SHARE),
+            }
+        } else {
+            Encoder::Bytes { chunk: cfg.chunk_bytes }
+        };
+        Canon {
+            rewrite: cfg.enabled,
+            sort_tools: cfg.sort_tools,
+            volatile: Volatile::new(cfg),
+            note_role: match cfg.note_role {
+                NoteRole::System => "system",
+                NoteRole::Developer => "developer",
+                NoteRole::User => "user",
+            },
+            encoder,
+            tools: ToolCache::new(bytes / TOOL_CACHE_SHARE),
+        }
+    }
+
+    /// Requests are rewritten into canonical form.
+    pub fn rewrites(&self) -> bool {
+        self.rewrite
+    }
+
+    pub fn encoder(&self) -> &Encoder {
+        &self.encoder
+    }
+
+    /// The canonical body (when rewriting) and, with `hash`, the prefix blocks. Errors are
+    /// the client's (400): a tool that is not a JSON object.
+    pub fn prepare(&self, req: &LlmRequest<'_>, hash: bool) -> Result<Prepared, ApiError> {
+        if !self.rewrite && !hash {
+            return Ok(Prepared {
+                body: None,
+                blocks: None,
+                edits: Edits::default(),
+                lookups: Lookups::default(),
+            });
+        }
+        match req.route {
+            LlmRoute::Chat => self.prepare_chat(req, hash),
+            LlmRoute::Responses => self.prepare_responses(req, hash),
+            LlmRoute::Completions | LlmRoute::Embeddings => {
+                let mut lookups = Lookups::default();
+                let blocks = hash.then(|| self.raw_blocks(req, &mut lookups));
+                Ok(Prepared { body: None, blocks, edits: Edits::default(), lookups })
+            }
+        }
+    }
+
+    /// The tools of `tools` (raw), canonical, in the order the backend will get them, and
+    /// whether that differs from what was sent. `None` when the field is not a list.
+    fn tools(&self, raw: Option<&RawValue>) -> Result<Option<ToolList>, ApiError> {
+        let Some(raw) = raw else { return Ok(None) };
+        let Ok(list) = serde_json::from_str::<Vec<&RawValue>>(raw.get()) else { return Ok(None) };
+        let mut out = Vec::with_capacity(list.len());
+        let mut changed = false;
+        for (i, t) in list.iter().enumerate() {
+            let c = self
+                .tools
+                .get(t.get())
+                .map_err(|e| ApiError::invalid_request(format!("tools[{i}]: {e}")).with_param("tools"))?;
+            changed |= c.json != t.get();
+            out.push(c);
+        }
+        if self.rewrite && self.sort_tools {
+            let before: Vec<*const CanonTool> = out.iter().map(Arc::as_ptr).collect();
+            out.sort_by(|a, b| a.name.cmp(&b.name).then_with(|| a.json.cmp(&b.json)));
+            changed |= out.iter().map(Arc::as_ptr).ne(before.iter().copied());
+        }
+        Ok(Some((out, changed)))
+    }
+
+    /// Moves volatile lines out of a system prompt when rewriting.
+    fn split_system(&self, text: Option<&str>, edits: &mut Edits) -> Option<volatile::Moved> {
+        let m = self.volatile.split(text.filter(|_| self.rewrite)?)?;
+        for (line, &rule) in m.lines.iter().zip(&m.rule_of) {
+            edits.moved.push((self.volatile.rule_name(rule).to_owned(), line.len() + 1));
+        }
+        Some(m)
+    }
+
+    fn prepare_chat(&self, req: &LlmRequest<'_>, hash: bool) -> Result<Prepared, ApiError> {
+        let mut edits = Edits::default();
+        let mut lookups = Lookups::default();
+        let tools = self.tools(raw_field(req, "tools"))?;
+        let lead_system =
+            req.messages.first().is_some_and(|m| matches!(m.role.0.as_ref(), "system" | "developer"));
+        let system_text = lead_system.then(|| text_of(req.messages[0].content)).flatten();
+        let moved = self.split_system(system_text.as_deref(), &mut edits);
+        let note = moved.as_ref().map(|m| m.lines.join("\n"));
+        if let Some((_, changed)) = &tools {
+            edits.tools_reordered = *changed;
+        }
+
+        let blocks = hash.then(|| {
+            let mut stable = PromptBuilder::default();
+            let system = match (&moved, lead_system) {
+                (Some(m), _) => Some(Cow::Borrowed(m.kept.as_str())),
+                (None, true) => Some(system_text.clone().unwrap_or_default()),
+                (None, false) => None,
+            };
+            let lines = tools.iter().flat_map(|(t, _)| t.iter().map(|t| t.line.as_str()));
+            stable.system_turn(system.as_deref(), lines);
+            let mut rest = PromptBuilder::default();
+            let skip = usize::from(lead_system);
+            for m in &req.messages[skip..] {
+                render_message(&mut rest, m);
+            }
+            if let Some(n) = &note {
+                rest.turn(self.note_role, n, []);
+            }
+            rest.generation_prompt();
+            self.blocks(stable.finish(), rest.finish(), req, &mut lookups)
+        });
+
+        let body = self.rewrite.then(|| {
+            let mut b = Body::new(req.model());
+            b.key("messages");
+            b.out.push('[');
+            for (i, raw) in req.raw_messages.iter().enumerate() {
+                if i > 0 {
+                    b.out.push(',');
+                }
+                match (&moved, i) {
+                    (Some(m), 0) => b.out.push_str(&with_content(raw.get(), &m.kept)),
+                    _ => b.out.push_str(&json::minify(raw.get())),
+                }
+            }
+            if let Some(n) = &note {
+                b.out.push(',');
+                b.out.push_str(&note_message(self.note_role, n));
+            }
+            b.out.push(']');
+            b.extras(req, tools.as_ref().map(|(t, _)| t.as_slice()));
+            b.finish()
+        });
+        Ok(Prepared { body, blocks, edits, lookups })
+    }
+
+    fn prepare_responses(&self, req: &LlmRequest<'_>, hash: bool) -> Result<Prepared, ApiError> {
+        let mut edits = Edits::default();
+        let mut lookups = Lookups::default();
+        let tools = self.tools(raw_field(req, "tools"))?;
+        if let Some((_, changed)) = &tools {
+            edits.tools_reordered = *changed;
+        }
+        let instructions = req.instructions.and_then(|r| serde_json::from_str::<Str<'_>>(r.get()).ok());
+        let moved = self.split_system(instructions.as_ref().map(|s| s.0.as_ref()), &mut edits);
+        let note = moved.as_ref().map(|m| m.lines.join("\n"));
+        let items: Option<Vec<&RawValue>> = req.content.and_then(|c| serde_json::from_str(c.get()).ok());
+
+        let blocks = hash.then(|| {
+            let mut stable = PromptBuilder::default();
+            let system = match &moved {
+                Some(m) => Some(m.kept.as_str()),
+                None => instructions.as_ref().map(|s| s.0.as_ref()),
+            };
+            let lines = tools.iter().flat_map(|(t, _)| t.iter().map(|t| t.line.as_str()));
+            stable.system_turn(system, lines);
+            let mut rest = PromptBuilder::default();
+            match (&items, req.content) {
+                (Some(items), _) => items.iter().for_each(|i| render_item(&mut rest, i)),
+                (None, Some(c)) => rest.turn("user", &text_of(Some(c)).unwrap_or_default(), []),
+                (None, None) => {}
+            }
+            if let Some(n) = &note {
+                rest.turn(self.note_role, n, []);
+            }
+            rest.generation_prompt();
+            self.blocks(stable.finish(), rest.finish(), req, &mut lookups)
+        });
+
+        let body = self.rewrite.then(|| {
+            let mut b = Body::new(req.model());
+            if let Some(raw) = req.instructions {
+                b.key("instructions");
+                match &moved {
+                    Some(m) => b.out.push_str(&json::string(&m.kept)),
+                    None => b.out.push_str(&json::minify(raw.get())),
+                }
+            }
+            if req.content.is_some() || note.is_some() {
+                b.key("input");
+                match (&note, &items, req.content) {
+                    (None, _, Some(c)) => b.out.push_str(&json::minify(c.get())),
+                    (Some(n), items, content) => {
+                        b.out.push('[');
+                        match (items, content) {
+                            (Some(items), _) => {
+                                for i in items {
+                                    b.out.push_str(&json::minify(i.get()));
+                                    b.out.push(',');
+                                }
+                            }
+                            (None, Some(c)) => {
+                                b.out.push_str(&format!(
+                                    "{{\"role\":\"user\",\"content\":{}}},",
+                                    json::minify(c.get())
+                                ));
+                            }
+                            (None, None) => {}
+                        }
+                        b.out.push_str(&note_message(self.note_role, n));
+                        b.out.push(']');
+                    }
+                    (None, _, None) => {}
+                }
+            }
+            b.extras(req, tools.as_ref().map(|(t, _)| t.as_slice()));
+            b.finish()
+        });
+        Ok(Prepared { body, blocks, edits, lookups })
+    }
+
+    /// Completions and embeddings: the prompt as sent (text, or token ids).
+    fn raw_blocks(&self, req: &LlmRequest<'_>, n: &mut Lookups) -> Blocks {
+        let salt = salt_of(req);
+        let salt = salt.as_deref();
+        let text =
+            |s: String, n: &mut Lookups| self.encoder.blocks_counted(&[Piece::Content(s)], &[], salt, n);
+        let Some(raw) = req.content else { return text(String::new(), n) };
+        #[derive(Deserialize)]
+        #[serde(untagged)]
+        enum Prompt<'a> {
+            #[serde(borrow)]
+            Text(Str<'a>),
+            Ids(Vec<u32>),
+            #[serde(borrow)]
+            Texts(Vec<Str<'a>>),
+            Batch(Vec<Vec<u32>>),
+        }
+        // A batch is keyed by its first prompt.
+        match serde_json::from_str::<Prompt<'_>>(raw.get()) {
+            Ok(Prompt::Ids(ids)) => self.encoder.blocks_of_ids(&ids, salt),
+            Ok(Prompt::Batch(b)) => self.encoder.blocks_of_ids(b.first().map_or(&[], |v| v), salt),
+            Ok(Prompt::Text(s)) => text(s.0.into_owned(), n),
+            Ok(Prompt::Texts(v)) => {
+                text(v.into_iter().next().map(|s| s.0.into_owned()).unwrap_or_default(), n)
+            }
+            Err(_) => text(raw.get().to_owned(), n),
+        }
+    }
+
+    fn blocks(&self, stable: Vec<Piece>, rest: Vec<Piece>, req: &LlmRequest<'_>, n: &mut Lookups) -> Blocks {
+        self.encoder.blocks_counted(&stable, &rest, salt_of(req).as_deref(), n)
+    }
+}
+
+fn raw_field<'a>(req: &LlmRequest<'a>, name: &str) -> Option<&'a RawValue> {
+    req.extra.iter().find(|(k, _)| k.0 == name).map(|(_, v)| *v)
+}
+
+fn salt_of(req: &LlmRequest<'_>) -> Option<String> {
+    req.extra_str("cache_salt").map(Cow::into_owned)
+}
+
+/// The text of a content value: a string, or the text parts of a list joined without a
+/// separator (as the template renders it). `None` for no content and for a list with parts
+/// that are not text (so a prompt with an image is never rewritten).
+pub fn text_of<'a>(raw: Option<&'a RawValue>) -> Option<Cow<'a, str>> {
+    let text = raw?.get();
+    if text.starts_with('"') {
+        return serde_json::from_str::<Str<'a>>(text).ok().map(|s| s.0);
+    }
+    #[derive(Deserialize)]
+    struct Part<'a> {
+        #[serde(borrow, rename = "type")]
+        kind: Option<Str<'a>>,
+        #[serde(flatten, borrow)]
+        part: PartView<'a>,
+    }
+    let parts: Vec<Part<'a>> = serde_json::from_str(text).ok()?;
+    let mut out = String::new();
+    for p in parts {
+        match (p.kind.as_ref().map(|k| k.0.as_ref()), p.part.text) {
+            (Some("text" | "input_text" | "output_text") | None, Some(t)) => out.push_str(&t.0),
+            _ => return None,
+        }
+    }
+    Some(Cow::Owned(out))
+}
+
+/// One chat message into the prompt, the way the bundled template renders it.
+fn render_message(b: &mut PromptBuilder, m: &MessageView<'_>) {
+    let text = text_of(m.content).unwrap_or_default();
+    if m.role.0 == "tool" {
+        b.tool_result(m.tool_call_id.as_ref().map_or("", |s| s.0.as_ref()), &text);
+        return;
+    }
+    #[derive(Deserialize)]
+    struct Call<'a> {
+        #[serde(borrow)]
+        function: Function<'a>,
+    }
+    #[derive(Deserialize)]
+    struct Function<'a> {
+        #[serde(borrow)]
+        name: Str<'a>,
+        #[serde(borrow, default)]
+        arguments: Option<Str<'a>>,
+    }
+    let calls: Vec<Call<'_>> =
+        m.tool_calls.and_then(|r| serde_json::from_str(r.get()).ok()).unwrap_or_default();
+    let calls: Vec<String> = calls
+        .iter()
+        .map(|c| {
+            tool_call_text(&c.function.name.0, c.function.arguments.as_ref().map_or("", |a| a.0.as_ref()))
+        })
+        .collect();
+    b.turn(&m.role.0, &text, calls.iter().map(String::as_str));
+}
+
+/// One Responses input item into the prompt: messages as turns, function calls and their
+/// outputs as tool calls and results.
+fn render_item(b: &mut PromptBuilder, raw: &RawValue) {
+    #[derive(Deserialize)]
+    struct Item<'a> {
+        #[serde(borrow, rename = "type", default)]
+        kind: Option<Str<'a>>,
+        #[serde(borrow, default)]
+        role: Option<Str<'a>>,
+        #[serde(borrow, default)]
+        content: Option<&'a RawValue>,
+        #[serde(borrow, default)]
+        name: Option<Str<'a>>,
+        #[serde(borrow, default)]
+        arguments: Option<Str<'a>>,
+        #[serde(borrow, default)]
+        call_id: Option<Str<'a>>,
+        #[serde(borrow, default)]
+        output: Option<&'a RawValue>,
+    }
+    let Ok(item) = serde_json::from_str::<Item<'_>>(raw.get()) else { return };
+    let s = |v: &Option<Str<'_>>| v.as_ref().map(|s| s.0.to_string()).unwrap_or_default();
+    match item.kind.as_ref().map(|k| k.0.as_ref()) {
+        Some("function_call") => {
+            let call = tool_call_text(&s(&item.name), &s(&item.arguments));
+            b.turn("assistant", "", [call.as_str()]);
+        }
+        Some("function_call_output") => {
+            b.tool_result(&s(&item.call_id), &text_of(item.output).unwrap_or_default());
+        }
+        _ => {
+            let role = item.role.as_ref().map_or("user", |r| r.0.as_ref());
+            b.turn(role, &text_of(item.content).unwrap_or_default(), []);
+        }
+    }
+}
+
+/// A message object with its `content` replaced by `text`; its other fields kept.
+fn with_content(raw: &str, text: &str) -> String {
+    match serde_json::from_str::<Map<String, Value>>(raw) {
+        Ok(mut m) => {
+            m.insert("content".to_owned(), Value::String(text.to_owned()));
+            Value::Object(m).to_string()
+        }
+        Err(_) => json::minify(raw).into_owned(),
+    }
+}
+
+fn note_message(role: &str, text: &str) -> String {
+    format!("{{\"role\":\"{role}\",\"content\":{}}}", json::string(text))
+}
+
+/// A body being written: `{"model":..., ...}`.
+struct Body {
+    out: String,
+}
+
+impl Body {
+    fn new(model: &str) -> Body {
+        let mut out = String::with_capacity(4096);
+        out.push_str("{\"model\":");
+        out.push_str(&json::string(model));
+        Body { out }
+    }
+
+    fn key(&mut self, k: &str) {
+        self.out.push(',');
+        self.out.push_str(&json::string(k));
+        self.out.push(':');
+    }
+
+    /// Every other top-level field in the order sent, `tools` canonical.
+    fn extras(&mut self, req: &LlmRequest<'_>, tools: Option<&[Arc<CanonTool>]>) {
+        for (k, v) in &req.extra {
+            self.key(&k.0);
+            match (k.0.as_ref(), tools) {
+                ("tools", Some(tools)) => {
+                    self.out.push('[');
+                    for (i, t) in tools.iter().enumerate() {
+                        if i > 0 {
+                            self.out.push(',');
+                        }
+                        self.out.push_str(&t.json);
+                    }
+                    self.out.push(']');
+                }
+                _ => self.out.push_str(&json::minify(v.get())),
+            }
+        }
+    }
+
+    fn finish(mut self) -> Vec<u8> {
+        self.out.push('}');
+        self.out.into_bytes()
+    }
+}
+
+#[cfg(test)]
+mod tests;
