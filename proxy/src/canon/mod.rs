@@ -497,3 +497,23 @@ impl Body {
 
 #[cfg(test)]
 mod tests;
+
+/// The fuzz target's body (`proxy/fuzz`), also run over its corpus by the tests: any input,
+/// on every route, either is refused or canonicalizes without panicking, and its canonical
+/// form is a fixed point with the same blocks.
+pub fn fuzz_check(data: &[u8]) {
+    static CANON: std::sync::OnceLock<Canon> = std::sync::OnceLock::new();
+    let canon = CANON.get_or_init(|| {
+        let cfg = CanonConfig { enabled: true, tokenizer: TokenizerKind::Wp32k, ..CanonConfig::default() };
+        Canon::new(&cfg, true)
+    });
+    for route in [LlmRoute::Chat, LlmRoute::Responses, LlmRoute::Completions, LlmRoute::Embeddings] {
+        let Ok(req) = LlmRequest::parse(route, data) else { continue };
+        let Ok(first) = canon.prepare(&req, true) else { continue };
+        let Some(body) = first.body else { continue };
+        let again = LlmRequest::parse(route, &body).expect("a canonical body parses");
+        let second = canon.prepare(&again, true).expect("a canonical body prepares");
+        assert_eq!(second.body.as_deref(), Some(body.as_slice()), "canonical form is a fixed point");
+        assert_eq!(second.blocks, first.blocks, "with the same blocks");
+    }
+}
