@@ -22,6 +22,10 @@ pub struct FaultConfig {
     /// Fault: fraction of responses whose JSON (body or SSE events) is cut in half (0–1).
     #[arg(long, default_value_t = 0.0)]
     pub fault_malformed_rate: f64,
+    /// Test hook: a JSON file of scripted replies, `[{"when": "...", "reply": "..."}]`: a chat
+    /// prompt containing `when` gets `reply` as its output (the last matching rule wins).
+    #[arg(long)]
+    pub script: Option<std::path::PathBuf>,
 }
 
 impl FaultConfig {

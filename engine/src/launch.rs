@@ -90,11 +90,16 @@ pub async fn launch(args: EngineArgs) -> anyhow::Result<EngineServer> {
         .await
         .with_context(|| format!("binding {}:{}", args.host, args.port))?;
     let addr = listener.local_addr()?;
+    let script = match &args.faults.script {
+        Some(p) => crate::script::Script::load(p).map_err(anyhow::Error::msg)?,
+        None => crate::script::Script::default(),
+    };
     let state = Arc::new(AppState {
         engine: engine.clone(),
         tokenizer,
         faults: FaultInjector::new(args.faults.clone()),
         max_body_bytes: args.max_body_bytes,
+        script,
     });
     Ok(EngineServer { addr, model_name, kv_events_endpoint, engine, listener, state, publisher })
 }

@@ -21,5 +21,6 @@ pub mod metrics;
 pub mod model;
 pub mod sampler;
 pub mod scheduler;
+pub mod script;
 pub mod server;
 pub use launch::{launch, EngineServer};

@@ -34,6 +34,9 @@ pub struct SamplingParams {
     pub seed: Option<u64>,
     /// Tokens that end generation (EOS and end-of-turn unless `ignore_eos`).
     pub stop_token_ids: Vec<u32>,
+    /// Test hook (`--script`): the output tokens, in order, whatever the model computes; the
+    /// model still runs every step. Empty: sample.
+    pub forced: Vec<u32>,
 }
 
 /// One request in the engine.
@@ -335,6 +338,7 @@ impl Scheduler {
             let Some(token) = sampled.next().flatten() else {
                 continue;
             };
+            let token = s.params.forced.get(s.num_output()).copied().unwrap_or(token);
             s.tokens.push(token);
             self.stats.generation_tokens += 1;
             let mut out = SeqOutput {
@@ -403,7 +407,14 @@ mod tests {
     }
 
     fn params(max_tokens: usize) -> SamplingParams {
-        SamplingParams { max_tokens, temperature: 0.0, top_p: 1.0, seed: None, stop_token_ids: vec![0] }
+        SamplingParams {
+            max_tokens,
+            temperature: 0.0,
+            top_p: 1.0,
+            seed: None,
+            stop_token_ids: vec![0],
+            forced: Vec::new(),
+        }
     }
 
     fn sched(blocks: usize, budget: usize, seqs: usize) -> Scheduler {

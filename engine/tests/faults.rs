@@ -92,3 +92,60 @@ async fn delay_holds_the_response_back() {
     // A lower bound only: a delay can never make a response faster.
     assert!(t.elapsed() >= std::time::Duration::from_millis(300));
 }
+
+/// The `--script` hook forces a reply; with tools offered, a scripted Hermes block comes back
+/// as a real tool call, whole or streamed.
+#[tokio::test]
+async fn a_scripted_tool_call_comes_back_as_tool_calls() {
+    let dir = std::env::temp_dir().join(format!("wp-script-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("temp dir");
+    let script = dir.join("script.json");
+    let call = "Looking.\n<tool_call>\n{\"name\": \"read_file\", \"arguments\": {\"path\": \"/etc/hosts\"}}\n</tool_call>";
+    std::fs::write(
+        &script,
+        json!([{"when": "", "reply": "plain answer"}, {"when": "read the hosts file", "reply": call}])
+            .to_string(),
+    )
+    .expect("write");
+    let mut a = args();
+    a.faults.script = Some(script);
+    let e = start(a).await;
+    let tools =
+        json!([{"type": "function", "function": {"name": "read_file", "parameters": {"type": "object"}}}]);
+    let body = |q: &str, stream: bool| {
+        json!({"model": "micro", "messages": [{"role": "user", "content": q}], "tools": tools,
+               "max_tokens": 200, "stream": stream})
+    };
+
+    let (s, v) = post_json(e.addr, "/v1/chat/completions", body("please read the hosts file", false)).await;
+    assert_eq!(s, 200, "{v}");
+    let choice = &v["choices"][0];
+    assert_eq!(choice["finish_reason"], "tool_calls", "{v}");
+    assert_eq!(choice["message"]["content"], "Looking.");
+    assert_eq!(choice["message"]["tool_calls"][0]["function"]["name"], "read_file");
+    assert_eq!(choice["message"]["tool_calls"][0]["function"]["arguments"], r#"{"path":"/etc/hosts"}"#);
+
+    let (_, v) = post_json(e.addr, "/v1/chat/completions", body("hello", false)).await;
+    assert_eq!(v["choices"][0]["message"]["content"], "plain answer", "{v}");
+    assert_eq!(v["choices"][0]["finish_reason"], "stop");
+
+    let resp = post_streaming(e.addr, "/v1/chat/completions", body("please read the hosts file", true)).await;
+    let raw = resp.into_body().collect().await.expect("body").to_bytes();
+    let events = sse_data(&String::from_utf8_lossy(&raw));
+    let chunks: Vec<serde_json::Value> =
+        events.iter().filter(|e| *e != "[DONE]").map(|e| serde_json::from_str(e).expect("json")).collect();
+    let text: String = chunks
+        .iter()
+        .filter_map(|c| c["choices"][0]["delta"]["content"].as_str())
+        .collect::<Vec<_>>()
+        .concat();
+    assert_eq!(text, "Looking.\n", "the call's text is not content");
+    let calls: Vec<&serde_json::Value> =
+        chunks.iter().filter_map(|c| c["choices"][0]["delta"]["tool_calls"].as_array()).flatten().collect();
+    assert_eq!(calls.len(), 1, "{events:?}");
+    assert_eq!(calls[0]["index"], 0);
+    assert_eq!(calls[0]["function"]["name"], "read_file");
+    let finish: Vec<&str> = chunks.iter().filter_map(|c| c["choices"][0]["finish_reason"].as_str()).collect();
+    assert_eq!(finish, ["tool_calls"]);
+    let _ = std::fs::remove_dir_all(&dir);
+}

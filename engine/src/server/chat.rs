@@ -1,17 +1,21 @@
 //! `POST /v1/chat/completions`.
 
-use std::sync::Arc;
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
 
 use axum::body::Body;
 use axum::extract::State;
 use axum::response::{IntoResponse, Response};
-use warmpath_wire::chat_template::render_tokens;
+use warmpath_wire::chat_template::{render_text, render_tokens};
 use warmpath_wire::openai::{
     parse_body, ApiError, AssistantMessage, ChatChoice, ChatCompletion, ChatCompletionChunk,
-    ChatCompletionRequest, ChunkChoice, Delta, FinishReason, Role, Usage,
+    ChatCompletionRequest, ChunkChoice, Delta, FinishReason, FunctionCallDelta, Role, ToolCall,
+    ToolCallDelta, Usage,
 };
+use warmpath_wire::tokenizer::IM_END;
 
 use super::generate::{self, ChunkFormat, ResponseMeta, SamplingFields};
+use super::tool_calls::{self, CallParser, Out};
 use super::{check_model, read_body, AppState, ErrorReply};
 
 pub async fn handle(State(state): State<Arc<AppState>>, body: Body) -> Response {
@@ -36,6 +40,7 @@ async fn run(state: Arc<AppState>, body: Body) -> Result<Response, ApiError> {
     let req: ChatCompletionRequest = parse_body(&bytes)?;
     let prompt = prompt_of(&state, &req)?;
     let faults = generate::pre_faults(&state).await?;
+    let forced = scripted(&state, &req);
     let fields = SamplingFields {
         n: req.n,
         max_tokens: req.max_tokens(),
@@ -44,12 +49,18 @@ async fn run(state: Arc<AppState>, body: Body) -> Result<Response, ApiError> {
         seed: req.seed,
         stop: req.stop.clone(),
         extra: &req.extra,
+        forced,
     };
     let choices = fields.choices(&state, vec![prompt])?;
     let running = generate::submit(&state, choices, req.cache_salt.clone())?;
     let meta = ResponseMeta::new("chatcmpl", &running, &req.model, req.stream_options.as_ref());
+    // Tool calls are parsed out of the text when the request offers tools (vLLM's
+    // `--enable-auto-tool-choice` behaviour).
+    let tools = req.tools.as_ref().is_some_and(|t| !t.is_empty());
+    let id_prefix = format!("{:x}", running.first_id());
     if req.stream.unwrap_or(false) {
-        return Ok(generate::stream(running, ChatFormat(meta), faults));
+        let parsers = tools.then(|| Mutex::new(HashMap::new()));
+        return Ok(generate::stream(running, ChatFormat { meta, parsers, id_prefix }, faults));
     }
     let (results, usage) = generate::collect(running).await;
     let resp = ChatCompletion {
@@ -60,11 +71,20 @@ async fn run(state: Arc<AppState>, body: Body) -> Result<Response, ApiError> {
         system_fingerprint: None,
         choices: results
             .into_iter()
-            .map(|r| ChatChoice {
-                index: r.index,
-                message: AssistantMessage { role: Role::Assistant, content: Some(r.text), tool_calls: None },
-                logprobs: None,
-                finish_reason: Some(r.finish),
+            .map(|r| {
+                let (content, calls, finish) = if tools {
+                    let (content, calls) = tool_calls::parse(&r.text, &format!("{id_prefix}_{}", r.index));
+                    let finish = if calls.is_empty() { r.finish } else { FinishReason::ToolCalls };
+                    (content, Some(calls).filter(|c| !c.is_empty()), finish)
+                } else {
+                    (Some(r.text), None, r.finish)
+                };
+                ChatChoice {
+                    index: r.index,
+                    message: AssistantMessage { role: Role::Assistant, content, tool_calls: calls },
+                    logprobs: None,
+                    finish_reason: Some(finish),
+                }
             })
             .collect(),
         usage,
@@ -72,18 +92,35 @@ async fn run(state: Arc<AppState>, body: Body) -> Result<Response, ApiError> {
     generate::json_reply(&resp, &faults)
 }
 
-struct ChatFormat(ResponseMeta);
+/// The `--script` reply for this request, as forced output tokens ending the turn.
+fn scripted(state: &AppState, req: &ChatCompletionRequest) -> Vec<u32> {
+    if state.script.is_empty() {
+        return Vec::new();
+    }
+    let text = render_text(&req.messages, req.tools.as_deref().unwrap_or_default(), true);
+    let Some(reply) = state.script.reply_for(&text) else { return Vec::new() };
+    let mut ids = state.tokenizer.encode(reply);
+    ids.extend(state.tokenizer.special_id(IM_END));
+    ids
+}
+
+struct ChatFormat {
+    meta: ResponseMeta,
+    /// Per choice, when the request offers tools.
+    parsers: Option<Mutex<HashMap<u32, CallParser>>>,
+    id_prefix: String,
+}
 
 impl ChatFormat {
     fn chunk(&self, choices: Vec<ChunkChoice>, usage: Option<Usage>) -> String {
         let c = ChatCompletionChunk {
-            id: self.0.id.clone(),
+            id: self.meta.id.clone(),
             object: "chat.completion.chunk".into(),
-            created: self.0.created,
-            model: self.0.model.clone(),
+            created: self.meta.created,
+            model: self.meta.model.clone(),
             system_fingerprint: None,
             choices,
-            usage: self.0.chunk_usage(usage.as_ref()),
+            usage: self.meta.chunk_usage(usage.as_ref()),
         };
         serde_json::to_string(&c).unwrap_or_default()
     }
@@ -91,23 +128,76 @@ impl ChatFormat {
     fn one(&self, index: u32, delta: Delta, finish: Option<FinishReason>) -> String {
         self.chunk(vec![ChunkChoice { index, delta, logprobs: None, finish_reason: finish }], None)
     }
+
+    /// Runs `f` on the choice's parser; `None` without tools.
+    fn with_parser<T>(&self, index: u32, f: impl FnOnce(&mut CallParser) -> T) -> Option<T> {
+        let parsers = self.parsers.as_ref()?;
+        let mut map = parsers.lock().unwrap_or_else(|e| e.into_inner());
+        let p = map.entry(index).or_insert_with(|| CallParser::new(&format!("{}_{index}", self.id_prefix)));
+        Some(f(p))
+    }
+}
+
+/// Parsed output as a delta: its text as content, its calls as whole tool-call deltas.
+fn delta_of(outs: Vec<Out>, first_call: usize) -> Delta {
+    let mut delta = Delta::default();
+    let mut n = first_call as u32;
+    for o in outs {
+        match o {
+            Out::Text(t) => delta.content.get_or_insert_with(String::new).push_str(&t),
+            Out::Call(ToolCall { id, kind, function }) => {
+                delta.tool_calls.get_or_insert_with(Vec::new).push(ToolCallDelta {
+                    index: n,
+                    id: Some(id),
+                    kind: Some(kind),
+                    function: FunctionCallDelta {
+                        name: Some(function.name),
+                        arguments: Some(function.arguments),
+                    },
+                });
+                n += 1;
+            }
+        }
+    }
+    delta
 }
 
 impl ChunkFormat for ChatFormat {
     fn meta(&self) -> &ResponseMeta {
-        &self.0
+        &self.meta
     }
 
     fn opening(&self, index: u32) -> Option<String> {
-        Some(self.one(index, Delta { role: Some(Role::Assistant), content: Some(String::new()) }, None))
+        let delta = Delta { role: Some(Role::Assistant), content: Some(String::new()), tool_calls: None };
+        Some(self.one(index, delta, None))
     }
 
-    fn delta(&self, index: u32, text: &str) -> String {
-        self.one(index, Delta { role: None, content: Some(text.to_owned()) }, None)
+    fn delta(&self, index: u32, text: &str) -> Option<String> {
+        let delta = match self.with_parser(index, |p| {
+            let before = p.calls();
+            delta_of(p.push(text), before)
+        }) {
+            Some(d) if d.content.is_none() && d.tool_calls.is_none() => return None,
+            Some(d) => d,
+            None => Delta { content: Some(text.to_owned()), ..Delta::default() },
+        };
+        Some(self.one(index, delta, None))
     }
 
     fn finish(&self, index: u32, reason: FinishReason) -> String {
-        self.one(index, Delta::default(), Some(reason))
+        let (delta, reason) = self
+            .with_parser(index, |p| {
+                let before = p.calls();
+                let delta = delta_of(p.finish(), before);
+                let reason = if p.calls() > 0 && reason == FinishReason::Stop {
+                    FinishReason::ToolCalls
+                } else {
+                    reason
+                };
+                (delta, reason)
+            })
+            .unwrap_or((Delta::default(), reason));
+        self.one(index, delta, Some(reason))
     }
 
     fn usage(&self, usage: &Usage) -> String {

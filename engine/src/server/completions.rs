@@ -51,6 +51,7 @@ async fn run(state: Arc<AppState>, body: Body) -> Result<Response, ApiError> {
         seed: req.seed,
         stop: req.stop.clone(),
         extra: &req.extra,
+        forced: Vec::new(),
     };
     let choices = fields.choices(&state, prompts)?;
     let running = generate::submit(&state, choices, req.cache_salt.clone())?;
@@ -105,11 +106,11 @@ impl ChunkFormat for CompletionFormat {
         None
     }
 
-    fn delta(&self, index: u32, text: &str) -> String {
-        self.chunk(
+    fn delta(&self, index: u32, text: &str) -> Option<String> {
+        Some(self.chunk(
             vec![CompletionChoice { index, text: text.to_owned(), logprobs: None, finish_reason: None }],
             None,
-        )
+        ))
     }
 
     fn finish(&self, index: u32, reason: FinishReason) -> String {

@@ -75,7 +75,8 @@ pub trait ChunkFormat: Send + Sync + 'static {
     fn meta(&self) -> &ResponseMeta;
     /// Sent once per choice before its first text (chat: the assistant role).
     fn opening(&self, index: u32) -> Option<String>;
-    fn delta(&self, index: u32, text: &str) -> String;
+    /// A chunk for new text; `None` when nothing is to be sent yet (held back by a parser).
+    fn delta(&self, index: u32, text: &str) -> Option<String>;
     fn finish(&self, index: u32, reason: FinishReason) -> String;
     fn usage(&self, usage: &Usage) -> String;
 }
@@ -109,6 +110,8 @@ pub struct SamplingFields<'a> {
     pub stop: Option<warmpath_wire::openai::Stop>,
     /// Unknown fields: vLLM's `ignore_eos` and `stop_token_ids` are honoured.
     pub extra: &'a serde_json::Map<String, serde_json::Value>,
+    /// Scripted output tokens (the `--script` test hook); empty to sample.
+    pub forced: Vec<u32>,
 }
 
 impl SamplingFields<'_> {
@@ -171,6 +174,7 @@ impl SamplingFields<'_> {
                         // Choices of one seeded request differ from each other but repeat.
                         seed: self.seed.map(|s| (s as u64).wrapping_add(i as u64)),
                         stop_token_ids: stop_token_ids.clone(),
+                        forced: self.forced.clone(),
                     },
                     stops: stops.clone(),
                 });
@@ -337,8 +341,7 @@ async fn pump(running: Running, fmt: &impl ChunkFormat, faults: &RequestFaults, 
     while let Some(ev) = merged.next().await {
         tally.record(&ev);
         let mut frames = Vec::new();
-        if !ev.text.is_empty() {
-            let json = fmt.delta(ev.index, &ev.text);
+        if let Some(json) = Some(&ev.text).filter(|t| !t.is_empty()).and_then(|t| fmt.delta(ev.index, t)) {
             frames.push(if faults.malformed { sse(&json[..json.len() / 2]) } else { sse(&json) });
             sent_tokens += 1;
         }

@@ -10,6 +10,7 @@ mod completions;
 mod generate;
 mod text;
 mod tokenize;
+mod tool_calls;
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -32,6 +33,8 @@ pub struct AppState {
     pub tokenizer: Tokenizer,
     pub faults: FaultInjector,
     pub max_body_bytes: usize,
+    /// Scripted replies (`--script`, a test hook); empty normally.
+    pub script: crate::script::Script,
 }
 
 /// The router with every route.
