@@ -39,7 +39,14 @@ pub struct Args {
 
 fn params(max_tokens: usize) -> SamplingParams {
     // No stop tokens: every run generates exactly max_tokens.
-    SamplingParams { max_tokens, temperature: 0.0, top_p: 1.0, seed: None, stop_token_ids: Vec::new() }
+    SamplingParams {
+        max_tokens,
+        temperature: 0.0,
+        top_p: 1.0,
+        seed: None,
+        stop_token_ids: Vec::new(),
+        forced: Vec::new(),
+    }
 }
 
 /// A prompt of `n` ids that no other call shares (distinct first token and stride).

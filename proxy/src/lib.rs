@@ -16,3 +16,4 @@ pub mod limits;
 pub mod observe;
 pub mod route;
 pub mod server;
+pub mod tools;

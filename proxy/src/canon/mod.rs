@@ -28,8 +28,10 @@ use warmpath_wire::chat_template::{tool_call_text, Piece, PromptBuilder};
 use warmpath_wire::openai::ApiError;
 use warmpath_wire::tokenizer::Tokenizer;
 
-use crate::config::{CanonConfig, NoteRole, TokenizerKind};
+use crate::config::{CanonConfig, NoteRole, TokenizerKind, ToolsConfig};
 use crate::http::request::{LlmRequest, LlmRoute, MessageView, PartView, Str};
+use crate::tools::search::{self, SearchPlan};
+use crate::tools::{DeferredSet, Deferrer, SEARCH_TOOL};
 pub use render::{Blocks, Encoder, Lookups, TokenCache};
 use tools::{CanonTool, ToolCache};
 use volatile::Volatile;
@@ -49,6 +51,7 @@ pub struct Canon {
     note_role: &'static str,
     encoder: Encoder,
     tools: ToolCache,
+    defer: Option<Deferrer>,
 }
 
 /// What [`Canon::prepare`] did to a request.
@@ -58,6 +61,21 @@ pub struct Edits {
     pub tools_reordered: bool,
     /// Per moved line: the rule's name and the line's bytes.
     pub moved: Vec<(String, usize)>,
+    /// Tools deferred behind `tool_search`.
+    pub deferred: Option<Deferred>,
+}
+
+/// What deferral took out of a request.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Deferred {
+    /// Tool schemas replaced by `tool_search`.
+    pub tools: usize,
+    /// Bytes of their definitions, less the search tool's.
+    pub saved_bytes: usize,
+    /// Tokens of the same (0 without a tokenizer).
+    pub saved_tokens: usize,
+    /// Searches put back into the history before calls to deferred tools.
+    pub reinserted: usize,
 }
 
 /// A request ready to send: its body and its prefix blocks.
@@ -70,11 +88,13 @@ pub struct Prepared {
     pub edits: Edits,
     /// Token-cache lookups made for the blocks.
     pub lookups: Lookups,
+    /// Set when tools were deferred: how to answer the model's `tool_search` calls.
+    pub search: Option<SearchPlan>,
 }
 
 impl Canon {
     /// `embedded`: the pool's backends are bundled engines, whose tokenizer is known.
-    pub fn new(cfg: &CanonConfig, embedded: bool) -> Canon {
+    pub fn new(cfg: &CanonConfig, tools: &ToolsConfig, embedded: bool) -> Canon {
         let bytes = cfg.token_cache_mib.saturating_mul(1 << 20);
         let tokenized = match cfg.tokenizer {
             TokenizerKind::Auto => embedded,
@@ -101,6 +121,7 @@ impl Canon {
             },
             encoder,
             tools: ToolCache::new(bytes / TOOL_CACHE_SHARE),
+            defer: Deferrer::new(tools),
         }
     }
 
@@ -122,6 +143,7 @@ impl Canon {
                 blocks: None,
                 edits: Edits::default(),
                 lookups: Lookups::default(),
+                search: None,
             });
         }
         match req.route {
@@ -130,7 +152,7 @@ impl Canon {
             LlmRoute::Completions | LlmRoute::Embeddings => {
                 let mut lookups = Lookups::default();
                 let blocks = hash.then(|| self.raw_blocks(req, &mut lookups));
-                Ok(Prepared { body: None, blocks, edits: Edits::default(), lookups })
+                Ok(Prepared { body: None, blocks, edits: Edits::default(), lookups, search: None })
             }
         }
     }
@@ -179,6 +201,23 @@ impl Canon {
         if let Some((_, changed)) = &tools {
             edits.tools_reordered = *changed;
         }
+        let plan = match (&self.defer, &tools) {
+            (Some(d), Some((list, _))) if self.rewrite => {
+                d.plan(list, named_tool(req).as_deref(), &|t| self.count_tokens(t))
+            }
+            _ => None,
+        };
+        let sent_tools: Option<&[Arc<CanonTool>]> =
+            plan.as_ref().map(|p| p.kept.as_slice()).or(tools.as_ref().map(|(t, _)| t.as_slice()));
+        let reinserts = plan.as_ref().map(|p| reinserts(&p.set, &req.messages)).unwrap_or_default();
+        if let Some(p) = &plan {
+            edits.deferred = Some(Deferred {
+                tools: p.set.tools.len(),
+                saved_bytes: p.set.saved_bytes,
+                saved_tokens: p.set.saved_tokens,
+                reinserted: reinserts.iter().flatten().count(),
+            });
+        }
 
         let blocks = hash.then(|| {
             let mut stable = PromptBuilder::default();
@@ -187,11 +226,15 @@ impl Canon {
                 (None, true) => Some(system_text.clone().unwrap_or_default()),
                 (None, false) => None,
             };
-            let lines = tools.iter().flat_map(|(t, _)| t.iter().map(|t| t.line.as_str()));
+            let lines = sent_tools.iter().flat_map(|t| t.iter().map(|t| t.line.as_str()));
             stable.system_turn(system.as_deref(), lines);
             let mut rest = PromptBuilder::default();
             let skip = usize::from(lead_system);
-            for m in &req.messages[skip..] {
+            for (i, m) in req.messages.iter().enumerate().skip(skip) {
+                if let Some(Some(r)) = reinserts.get(i) {
+                    rest.turn("assistant", "", [tool_call_text(SEARCH_TOOL, &r.arguments).as_str()]);
+                    rest.tool_result(&r.id, &r.result);
+                }
                 render_message(&mut rest, m);
             }
             if let Some(n) = &note {
@@ -201,12 +244,19 @@ impl Canon {
             self.blocks(stable.finish(), rest.finish(), req, &mut lookups)
         });
 
+        let mut messages_end = 0;
         let body = self.rewrite.then(|| {
             let mut b = Body::new(req.model());
             b.key("messages");
             b.out.push('[');
             for (i, raw) in req.raw_messages.iter().enumerate() {
                 if i > 0 {
+                    b.out.push(',');
+                }
+                if let Some(Some(r)) = reinserts.get(i) {
+                    b.out.push_str(&r.call_json);
+                    b.out.push(',');
+                    b.out.push_str(&search::tool_message(&r.id, &r.result));
                     b.out.push(',');
                 }
                 match (&moved, i) {
@@ -218,11 +268,29 @@ impl Canon {
                 b.out.push(',');
                 b.out.push_str(&note_message(self.note_role, n));
             }
+            messages_end = b.out.len();
             b.out.push(']');
-            b.extras(req, tools.as_ref().map(|(t, _)| t.as_slice()));
+            b.extras(req, sent_tools);
             b.finish()
         });
-        Ok(Prepared { body, blocks, edits, lookups })
+        let search = match (&plan, &self.defer) {
+            (Some(p), Some(d)) => Some(SearchPlan {
+                set: p.set.clone(),
+                limit: d.limit,
+                max_rounds: d.max_rounds,
+                messages_end,
+            }),
+            _ => None,
+        };
+        Ok(Prepared { body, blocks, edits, lookups, search })
+    }
+
+    /// Tokens of `text` as content (0 without a tokenizer).
+    fn count_tokens(&self, text: &str) -> usize {
+        match &self.encoder {
+            Encoder::Tokens { tok, .. } => tok.encode(text).len(),
+            Encoder::Bytes { .. } => 0,
+        }
     }
 
     fn prepare_responses(&self, req: &LlmRequest<'_>, hash: bool) -> Result<Prepared, ApiError> {
@@ -297,7 +365,7 @@ impl Canon {
             b.extras(req, tools.as_ref().map(|(t, _)| t.as_slice()));
             b.finish()
         });
-        Ok(Prepared { body, blocks, edits, lookups })
+        Ok(Prepared { body, blocks, edits, lookups, search: None })
     }
 
     /// Completions and embeddings: the prompt as sent (text, or token ids).
@@ -332,6 +400,65 @@ impl Canon {
     fn blocks(&self, stable: Vec<Piece>, rest: Vec<Piece>, req: &LlmRequest<'_>, n: &mut Lookups) -> Blocks {
         self.encoder.blocks_counted(&stable, &rest, salt_of(req).as_deref(), n)
     }
+}
+
+/// The function `tool_choice` names, if any.
+fn named_tool(req: &LlmRequest<'_>) -> Option<String> {
+    let raw = raw_field(req, "tool_choice")?;
+    let v: Value = serde_json::from_str(raw.get()).ok()?;
+    v.pointer("/function/name").or_else(|| v.get("name")).and_then(Value::as_str).map(str::to_owned)
+}
+
+/// A search put back into the history: before the assistant message that first calls deferred
+/// tools, a `tool_search` call for them and its result, so that the model sees the definitions
+/// of the tools it uses.
+#[derive(Debug)]
+struct Reinsert {
+    id: String,
+    arguments: String,
+    call_json: String,
+    result: String,
+}
+
+/// Per message, the search to put before it.
+fn reinserts(set: &DeferredSet, messages: &[MessageView<'_>]) -> Vec<Option<Reinsert>> {
+    #[derive(Deserialize)]
+    struct Call<'a> {
+        #[serde(borrow, default)]
+        id: Option<Str<'a>>,
+        #[serde(borrow)]
+        function: Named<'a>,
+    }
+    #[derive(Deserialize)]
+    struct Named<'a> {
+        #[serde(borrow)]
+        name: Str<'a>,
+    }
+    let mut loaded = std::collections::HashSet::new();
+    messages
+        .iter()
+        .map(|m| {
+            let calls: Vec<Call<'_>> =
+                m.tool_calls.and_then(|r| serde_json::from_str(r.get()).ok()).unwrap_or_default();
+            let mut missing: Vec<&Arc<CanonTool>> = Vec::new();
+            for c in &calls {
+                if let Some(t) = set.get(&c.function.name.0) {
+                    if loaded.insert(t.name.clone()) {
+                        missing.push(t);
+                    }
+                }
+            }
+            if missing.is_empty() {
+                return None;
+            }
+            let first = calls.first().and_then(|c| c.id.as_ref()).map_or("", |s| s.0.as_ref());
+            let id = format!("ts_{first}");
+            let query = missing.iter().map(|t| t.name.as_str()).collect::<Vec<_>>().join(" ");
+            let (call_json, arguments) = search::synthetic_call(&id, &query);
+            let result = crate::tools::result_text(&query, &missing);
+            Some(Reinsert { id, arguments, call_json, result })
+        })
+        .collect()
 }
 
 fn raw_field<'a>(req: &LlmRequest<'a>, name: &str) -> Option<&'a RawValue> {
@@ -499,13 +626,14 @@ impl Body {
 mod tests;
 
 /// The fuzz target's body (`proxy/fuzz`), also run over its corpus by the tests: any input,
-/// on every route, either is refused or canonicalizes without panicking, and its canonical
-/// form is a fixed point with the same blocks.
+/// on every route, either is refused or canonicalizes (tools deferred beyond one) without
+/// panicking, and its canonical form is a fixed point with the same blocks.
 pub fn fuzz_check(data: &[u8]) {
     static CANON: std::sync::OnceLock<Canon> = std::sync::OnceLock::new();
     let canon = CANON.get_or_init(|| {
         let cfg = CanonConfig { enabled: true, tokenizer: TokenizerKind::Wp32k, ..CanonConfig::default() };
-        Canon::new(&cfg, true)
+        let tools = ToolsConfig { defer: true, threshold: 1, ..ToolsConfig::default() };
+        Canon::new(&cfg, &tools, true)
     });
     for route in [LlmRoute::Chat, LlmRoute::Responses, LlmRoute::Completions, LlmRoute::Embeddings] {
         let Ok(req) = LlmRequest::parse(route, data) else { continue };

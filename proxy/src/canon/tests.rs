@@ -13,7 +13,7 @@ use crate::config::CanonConfig;
 
 fn canon(rewrite: bool) -> Canon {
     let cfg = CanonConfig { enabled: rewrite, tokenizer: TokenizerKind::Wp32k, ..CanonConfig::default() };
-    Canon::new(&cfg, false)
+    Canon::new(&cfg, &ToolsConfig::default(), false)
 }
 
 fn prepare(c: &Canon, body: &[u8]) -> Prepared {

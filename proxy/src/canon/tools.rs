@@ -19,6 +19,10 @@ pub struct CanonTool {
     pub json: String,
     /// Its line in the bundled chat template's tool block.
     pub line: String,
+    /// The description (empty when none).
+    pub description: String,
+    /// Parameter names and their descriptions, for search.
+    pub params: Vec<String>,
 }
 
 impl CanonTool {
@@ -38,7 +42,18 @@ impl CanonTool {
             Ok(t) => tool_line(&t),
             Err(_) => v.to_string(),
         };
-        Ok(CanonTool { name, json: v.to_string(), line })
+        let f = v.get("function").unwrap_or(&v);
+        let description = f.get("description").and_then(Value::as_str).unwrap_or("").to_owned();
+        let mut params = Vec::new();
+        if let Some(props) = f.pointer("/parameters/properties").and_then(Value::as_object) {
+            for (k, p) in props {
+                params.push(k.clone());
+                if let Some(d) = p.get("description").and_then(Value::as_str) {
+                    params.push(d.to_owned());
+                }
+            }
+        }
+        Ok(CanonTool { name, json: v.to_string(), line, description, params })
     }
 }
 
@@ -52,7 +67,10 @@ impl ToolCache {
     pub fn new(max_bytes: u64) -> ToolCache {
         let cache = Cache::builder()
             .max_capacity(max_bytes)
-            .weigher(|_, t: &Arc<CanonTool>| (t.json.len() + t.line.len() + t.name.len() + 96) as u32)
+            .weigher(|_, t: &Arc<CanonTool>| {
+                let params: usize = t.params.iter().map(|p| p.len() + 24).sum();
+                (t.json.len() + t.line.len() + t.name.len() + t.description.len() + params + 128) as u32
+            })
             .build();
         ToolCache { cache }
     }

@@ -207,6 +207,8 @@ pub struct PoolConfig {
     #[serde(default)]
     pub canon: CanonConfig,
     #[serde(default)]
+    pub tools: ToolsConfig,
+    #[serde(default)]
     pub backends: Vec<BackendConfig>,
     /// Start bundled engine replicas instead of naming backends.
     #[serde(default)]
@@ -288,6 +290,37 @@ impl Default for CanonConfig {
             block_size: 16,
             chunk_bytes: 64,
             token_cache_mib: 64,
+        }
+    }
+}
+
+/// `[pools.tools]`: deferred tool discovery (needs `[pools.canon] enabled = true`).
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ToolsConfig {
+    /// Replace the tools beyond the core set with `tool_search` when there are many.
+    pub defer: bool,
+    /// Defer only when a request carries more tools than this.
+    pub threshold: usize,
+    /// Tools never deferred.
+    pub core: Vec<String>,
+    /// Most definitions one `tool_search` call loads.
+    pub search_limit: usize,
+    /// Most `tool_search` rounds warmpath answers within one client request.
+    pub max_search_rounds: usize,
+    /// Longest one-line summary of a deferred tool in the `tool_search` description.
+    pub summary_chars: usize,
+}
+
+impl Default for ToolsConfig {
+    fn default() -> Self {
+        ToolsConfig {
+            defer: false,
+            threshold: 32,
+            core: Vec::new(),
+            search_limit: 5,
+            max_search_rounds: 3,
+            summary_chars: 80,
         }
     }
 }

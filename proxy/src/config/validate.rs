@@ -172,6 +172,15 @@ pub fn validate(cfg: &Config) -> Result<(), Invalid> {
                 return Err(c.key("rules").index(k).key("name").err("must not be empty"));
             }
         }
+        let t = p.key("tools");
+        if pool.tools.defer && !pool.canon.enabled {
+            return Err(t
+                .key("defer")
+                .err("deferral rewrites the tool list: it needs [pools.canon] enabled = true"));
+        }
+        positive(t.key("search_limit"), pool.tools.search_limit as u64)?;
+        positive(t.key("max_search_rounds"), pool.tools.max_search_rounds as u64)?;
+        positive(t.key("summary_chars"), pool.tools.summary_chars as u64)?;
         if pool.session.overload_factor.is_nan() || pool.session.overload_factor < 1.0 {
             return Err(p
                 .key("session")

@@ -44,7 +44,7 @@ fn skip_response_header(name: &HeaderName) -> bool {
 
 /// Why an attempt did not produce the client's answer.
 #[derive(Debug)]
-enum Failure {
+pub(super) enum Failure {
     Io(FailKind),
     Status { header: Box<ResponseHeader>, body: Bytes },
 }
@@ -58,7 +58,7 @@ impl Failure {
     }
 }
 
-enum Attempt {
+pub(super) enum Attempt {
     /// The client has its answer (or is gone): stop.
     Done,
     /// Nothing reached the client; another backend may try.
@@ -105,6 +105,7 @@ pub async fn serve(
     let key = parsed.route_key(pool, session_header, prepared.blocks.as_ref());
     drop(parsed);
     let prefix_hdr = prepared.blocks.as_ref().map(|b| format!("{:016x}", b.prefix_hash));
+    let search = prepared.search;
     let body = prepared.body.map(Bytes::from).unwrap_or(body);
     let template = upstream_template(session.req_header());
 
@@ -137,7 +138,9 @@ pub async fn serve(
             route_hdr.push_str(&format!("; attempt={attempt}"));
         }
         let shown = Shown { route: &route_hdr, prefix: prefix_hdr.as_deref() };
-        match try_backend(state, session, ctx, route, pool, &sel, &template, &body, shown).await? {
+        match try_backend(state, session, ctx, route, pool, &sel, &template, &body, shown, search.as_ref())
+            .await?
+        {
             Attempt::Done => return Ok(()),
             Attempt::Failed(f) => {
                 note_failure(state, pool, &backend, f.label());
@@ -175,7 +178,7 @@ pub async fn serve(
     }
 }
 
-fn note_failure(state: &AppState, pool: &Pool, backend: &Arc<Backend>, kind: &str) {
+pub(super) fn note_failure(state: &AppState, pool: &Pool, backend: &Arc<Backend>, kind: &str) {
     state.metrics.upstream_errors.with_label_values(&[&backend.name, kind]).inc();
     if let Ejection::Ejected(d) = backend.record_failure(&state.cfg.health, Instant::now()) {
         state.metrics.ejections.with_label_values(&[&pool.name, &backend.name]).inc();
@@ -197,7 +200,7 @@ async fn reject(
 
 /// The client's path and headers, minus what is per hop; `Host` and the body length are set
 /// per backend.
-struct Template {
+pub(super) struct Template {
     path: Vec<u8>,
     method: http::Method,
     headers: Vec<(HeaderName, http::HeaderValue)>,
@@ -213,7 +216,11 @@ fn upstream_template(req: &RequestHeader) -> Template {
     Template { path: req.raw_path().to_vec(), method: req.method.clone(), headers }
 }
 
-fn build_request(t: &Template, backend: &Backend, body_len: usize) -> pingora::Result<RequestHeader> {
+pub(super) fn build_request(
+    t: &Template,
+    backend: &Backend,
+    body_len: usize,
+) -> pingora::Result<RequestHeader> {
     let mut path = Vec::with_capacity(backend.url.base_path.len() + t.path.len());
     path.extend_from_slice(backend.url.base_path.as_bytes());
     path.extend_from_slice(&t.path);
@@ -227,16 +234,16 @@ fn build_request(t: &Template, backend: &Backend, body_len: usize) -> pingora::R
 
 /// warmpath's own response headers beside `x-warmpath-backend`.
 #[derive(Debug, Clone, Copy)]
-struct Shown<'a> {
+pub(super) struct Shown<'a> {
     /// `x-warmpath-route`: policy and reason.
-    route: &'a str,
+    pub route: &'a str,
     /// `x-warmpath-prefix-hash`, where the prompt was cut into blocks.
-    prefix: Option<&'a str>,
+    pub prefix: Option<&'a str>,
 }
 
 /// What the client sees of the backend's header: everything but hop-by-hop fields, plus
 /// warmpath's own; chunked framing where the backend gave no length.
-fn copy_response_header(
+pub(super) fn copy_response_header(
     up: &ResponseHeader,
     backend: &str,
     shown: Shown<'_>,
@@ -253,13 +260,13 @@ fn copy_response_header(
     Ok(resp)
 }
 
-enum Sent {
+pub(super) enum Sent {
     Header,
     ClientGone,
 }
 
 /// Sends the request and waits for the response header, watching the client meanwhile.
-async fn send(
+pub(super) async fn send(
     up: &mut HttpSession,
     req: RequestHeader,
     body: &Bytes,
@@ -286,6 +293,7 @@ async fn try_backend(
     template: &Template,
     body: &Bytes,
     shown: Shown<'_>,
+    search: Option<&crate::tools::search::SearchPlan>,
 ) -> pingora::Result<Attempt> {
     let backend = sel.backend();
     // A pooled connection the backend closed while idle fails at once; one fresh connection
@@ -331,6 +339,18 @@ async fn try_backend(
         return Ok(Attempt::Failed(Failure::Status { header: Box::new(up_header), body: buf.freeze() }));
     }
 
+    if let (Some(plan), 200) = (search, status) {
+        let rounds = super::deferred::Rounds {
+            state,
+            pool,
+            backend,
+            template,
+            plan: plan.clone(),
+            body: body.to_vec(),
+            done: 0,
+        };
+        return super::deferred::serve(rounds, session, ctx, route, up, up_header, shown).await;
+    }
     let mut resp = copy_response_header(&up_header, &backend.name, shown)?;
     match up_header.headers.get(header::CONTENT_LENGTH) {
         Some(len) => resp.insert_header(header::CONTENT_LENGTH, len.clone())?,

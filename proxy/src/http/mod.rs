@@ -5,6 +5,7 @@
 
 pub mod body;
 pub mod client;
+mod deferred;
 pub mod forward;
 pub mod models;
 pub mod relay;

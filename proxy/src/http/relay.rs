@@ -41,7 +41,7 @@ pub struct Tail {
 impl Tail {
     const KEEP: usize = 32;
 
-    fn push(&mut self, b: &[u8]) {
+    pub fn push(&mut self, b: &[u8]) {
         self.buf.extend_from_slice(&b[b.len().saturating_sub(Self::KEEP)..]);
         let excess = self.buf.len().saturating_sub(Self::KEEP);
         self.buf.drain(..excess);

@@ -60,6 +60,20 @@ pub struct Metrics {
     pub token_cache_lookups: IntCounterVec,
     /// `pool`: bytes held by the token cache.
     pub token_cache_bytes: IntGaugeVec,
+    /// `pool`: tool schemas replaced by `tool_search`.
+    pub tools_deferred: IntCounterVec,
+    /// `pool`: prompt bytes those schemas would have taken (less the search tool's).
+    pub tools_saved_bytes: IntCounterVec,
+    /// `pool`: prompt tokens of the same (pools with a known tokenizer).
+    pub tools_saved_tokens: IntCounterVec,
+    /// `pool`: searches put back into histories before calls to deferred tools.
+    pub tools_reinserted: IntCounterVec,
+    /// `pool`, `result` (`found`, `empty`): `tool_search` calls warmpath answered.
+    pub tool_searches: IntCounterVec,
+    /// `pool`: tool definitions those searches loaded.
+    pub tools_loaded: IntCounterVec,
+    /// `pool`: time to answer a search round and write the next request.
+    pub tool_search_duration: HistogramVec,
 }
 
 impl Metrics {
@@ -135,6 +149,42 @@ impl Metrics {
                 "warmpath_token_cache_bytes",
                 "Bytes held by the token cache.",
                 &["pool"],
+            ),
+            tools_deferred: counter(
+                "warmpath_tools_deferred_total",
+                "Tool schemas replaced by tool_search.",
+                &["pool"],
+            ),
+            tools_saved_bytes: counter(
+                "warmpath_tools_saved_bytes_total",
+                "Prompt bytes of deferred tool schemas, less the tool_search tool's.",
+                &["pool"],
+            ),
+            tools_saved_tokens: counter(
+                "warmpath_tools_saved_tokens_total",
+                "Prompt tokens of deferred tool schemas, less the tool_search tool's.",
+                &["pool"],
+            ),
+            tools_reinserted: counter(
+                "warmpath_tools_reinserted_total",
+                "Searches put back into histories before calls to deferred tools.",
+                &["pool"],
+            ),
+            tool_searches: counter(
+                "warmpath_tool_searches_total",
+                "tool_search calls answered by warmpath, by result.",
+                &["pool", "result"],
+            ),
+            tools_loaded: counter(
+                "warmpath_tools_loaded_total",
+                "Tool definitions loaded by tool_search answers.",
+                &["pool"],
+            ),
+            tool_search_duration: with_buckets(
+                "warmpath_tool_search_duration_seconds",
+                "Time to answer a tool_search round and write the next request.",
+                &["pool"],
+                prometheus::exponential_buckets(5e-6, 2.0, 16).expect("valid buckets"),
             ),
             requests: counter(
                 "warmpath_requests_total",
@@ -219,6 +269,12 @@ impl Metrics {
         }
         if !p.edits.moved.is_empty() {
             self.canon_edits.with_label_values(&[pool, "volatile_moved"]).inc();
+        }
+        if let Some(d) = &p.edits.deferred {
+            self.tools_deferred.with_label_values(&[pool]).inc_by(d.tools as u64);
+            self.tools_saved_bytes.with_label_values(&[pool]).inc_by(d.saved_bytes as u64);
+            self.tools_saved_tokens.with_label_values(&[pool]).inc_by(d.saved_tokens as u64);
+            self.tools_reinserted.with_label_values(&[pool]).inc_by(d.reinserted as u64);
         }
         for (rule, bytes) in &p.edits.moved {
             self.canon_moved_bytes.with_label_values(&[pool, rule]).inc_by(*bytes as u64);

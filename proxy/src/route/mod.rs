@@ -200,7 +200,7 @@ fn build_pool(pc: &PoolConfig, backends: Vec<Arc<Backend>>, cfg: &Config) -> Poo
         backends,
         max_inflight: pc.max_inflight_per_backend,
         prefix_blocks: pc.prefix_hash.prefix_blocks,
-        canon: crate::canon::Canon::new(&pc.canon, pc.embedded.is_some()),
+        canon: crate::canon::Canon::new(&pc.canon, &pc.tools, pc.embedded.is_some()),
         budget: RetryBudget::new(cfg.retry.budget_ratio.0, cfg.retry.min_retries_per_sec),
     }
 }

@@ -1,0 +1,307 @@
+//! The `tool_search` loop of a request whose tools were deferred (`tools::search` holds the
+//! logic, this the I/O): each round's response is read — whole, or event by event with the
+//! search calls cut out of what the client sees — and while the model only searches, warmpath
+//! answers, appends the answer to the conversation and calls the same backend again (its KV
+//! cache holds everything before the answer). The client gets one response.
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use bytes::{Bytes, BytesMut};
+use http::header;
+use pingora::http::ResponseHeader;
+use pingora::protocols::http::client::HttpSession;
+use pingora::proxy::Session;
+use serde_json::Value;
+use warmpath_wire::openai::ApiError;
+
+use super::client::FailKind;
+use super::forward::{
+    build_request, copy_response_header, note_failure, send, Attempt, Failure, Sent, Shown, Template,
+};
+use super::relay::{client_gone, end_stream_with_error, Tail};
+use super::request::LlmRoute;
+use super::respond::send_error;
+use super::{AppState, RequestCtx};
+use crate::route::{Backend, Pool};
+use crate::tools::search::{self, SearchPlan, SseSplitter, StreamRound};
+
+/// Largest whole (non-streamed) response read to look for searches.
+const MAX_WHOLE_BODY: usize = 64 << 20;
+
+/// The request as it goes out round after round.
+pub(super) struct Rounds<'a> {
+    pub state: &'a AppState,
+    pub pool: &'a Pool,
+    pub backend: &'a Arc<Backend>,
+    pub template: &'a Template,
+    pub plan: SearchPlan,
+    pub body: Vec<u8>,
+    pub done: usize,
+}
+
+impl Rounds<'_> {
+    /// Answers the searches of a round and sends the next one; its response header, or why not.
+    async fn next(
+        &mut self,
+        session: &mut Session,
+        content: Option<&str>,
+        calls: &[search::SearchCall],
+    ) -> Result<Option<(HttpSession, ResponseHeader)>, String> {
+        let t = Instant::now();
+        let answer = self.plan.answer(content, calls);
+        self.body = self.plan.follow_up(&self.body, &answer.messages);
+        let m = &self.state.metrics;
+        let pool = self.pool.name.as_str();
+        m.tool_search_duration.with_label_values(&[pool]).observe(t.elapsed().as_secs_f64());
+        m.tool_searches
+            .with_label_values(&[pool, "found"])
+            .inc_by((calls.len() - answer.empty_searches) as u64);
+        m.tool_searches.with_label_values(&[pool, "empty"]).inc_by(answer.empty_searches as u64);
+        m.tools_loaded.with_label_values(&[pool]).inc_by(answer.loaded as u64);
+        self.done += 1;
+        let (mut up, _) = self.state.upstream.connect(self.backend).await.map_err(|e| e.to_string())?;
+        let req = build_request(self.template, self.backend, self.body.len()).map_err(|e| e.to_string())?;
+        match send(&mut up, req, &Bytes::from(self.body.clone()), session).await {
+            Ok(Sent::Header) => {}
+            Ok(Sent::ClientGone) => return Ok(None),
+            Err(e) => return Err(e.to_string()),
+        }
+        let header = up.response_header().cloned().ok_or("no response header")?;
+        Ok(Some((up, header)))
+    }
+}
+
+fn is_sse(h: &ResponseHeader) -> bool {
+    h.headers.get(header::CONTENT_TYPE).is_some_and(|v| v.as_bytes().starts_with(b"text/event-stream"))
+}
+
+async fn read_whole(up: &mut HttpSession) -> Result<Bytes, FailKind> {
+    let mut buf = BytesMut::new();
+    loop {
+        match up.read_response_body().await {
+            Ok(Some(b)) if buf.len() + b.len() <= MAX_WHOLE_BODY => buf.extend_from_slice(&b),
+            Ok(Some(_)) => return Err(FailKind::Io),
+            Ok(None) => return Ok(buf.freeze()),
+            Err(e) => return Err(FailKind::of(&e)),
+        }
+    }
+}
+
+/// Serves the rest of a request whose first response header (`header`, status 200) is in.
+pub(super) async fn serve(
+    mut r: Rounds<'_>,
+    session: &mut Session,
+    ctx: &mut RequestCtx,
+    route: LlmRoute,
+    up: HttpSession,
+    header: ResponseHeader,
+    shown: Shown<'_>,
+) -> pingora::Result<Attempt> {
+    if is_sse(&header) {
+        stream(r, session, ctx, route, up, header, shown).await
+    } else {
+        whole(&mut r, session, ctx, up, header, shown).await
+    }
+}
+
+async fn whole(
+    r: &mut Rounds<'_>,
+    session: &mut Session,
+    ctx: &mut RequestCtx,
+    mut up: HttpSession,
+    mut header: ResponseHeader,
+    shown: Shown<'_>,
+) -> pingora::Result<Attempt> {
+    let mut earlier: Option<Value> = None;
+    loop {
+        let bytes = match read_whole(&mut up).await {
+            Ok(b) => b,
+            Err(kind) if r.done == 0 => return Ok(Attempt::Failed(Failure::Io(kind))),
+            Err(kind) => {
+                note_failure(r.state, r.pool, r.backend, kind.label());
+                return fail(session, ctx, "the backend failed during a tool_search round").await;
+            }
+        };
+        if up.response_done() {
+            r.state.upstream.release(up, r.backend).await;
+        }
+        let parsed: Option<Value> = serde_json::from_slice(&bytes).ok();
+        let status = header.status.as_u16();
+        let searches = parsed.as_ref().filter(|_| status == 200).and_then(search::search_calls);
+        let out = match (searches, parsed) {
+            (Some((content, calls)), Some(v)) if r.done < r.plan.max_rounds => {
+                search::add_usage(&mut earlier, v.get("usage"));
+                match r.next(session, content.as_deref(), &calls).await {
+                    Ok(Some((next_up, next_header))) => {
+                        up = next_up;
+                        header = next_header;
+                        continue;
+                    }
+                    Ok(None) => {
+                        r.state.metrics.client_disconnects.inc();
+                        ctx.status = 499;
+                        return Ok(Attempt::Done);
+                    }
+                    Err(e) => {
+                        tracing::warn!(backend = %r.backend.name, error = %e, "tool_search round failed");
+                        return fail(session, ctx, "the backend failed during a tool_search round").await;
+                    }
+                }
+            }
+            (Some(_), Some(mut v)) => {
+                // Rounds used up: the client must not see a call to a tool it does not have.
+                search::strip_searches(&mut v);
+                search::final_response(v, earlier)
+            }
+            (None, Some(v)) if earlier.is_some() => search::final_response(v, earlier),
+            _ => bytes.to_vec(),
+        };
+        r.backend.record_success(&r.state.cfg.health, Instant::now());
+        let mut resp = copy_response_header(&header, &r.backend.name, shown)?;
+        resp.insert_header(header::CONTENT_LENGTH, out.len().to_string())?;
+        ctx.status = resp.status.as_u16();
+        if session.write_response_header(Box::new(resp), false).await.is_err()
+            || session.write_response_body(Some(Bytes::from(out)), true).await.is_err()
+        {
+            r.state.metrics.client_disconnects.inc();
+            ctx.client_gone = true;
+        } else {
+            ctx.first_byte.get_or_insert_with(Instant::now);
+        }
+        return Ok(Attempt::Done);
+    }
+}
+
+async fn fail(session: &mut Session, ctx: &mut RequestCtx, what: &str) -> pingora::Result<Attempt> {
+    let mut e = ApiError::internal(what.to_owned()).with_code("upstream_failed");
+    e.status = 502;
+    ctx.status = 502;
+    send_error(session, &e, &[]).await?;
+    Ok(Attempt::Done)
+}
+
+async fn stream(
+    mut r: Rounds<'_>,
+    session: &mut Session,
+    ctx: &mut RequestCtx,
+    route: LlmRoute,
+    mut up: HttpSession,
+    header: ResponseHeader,
+    shown: Shown<'_>,
+) -> pingora::Result<Attempt> {
+    let mut resp = copy_response_header(&header, &r.backend.name, shown)?;
+    resp.insert_header(header::TRANSFER_ENCODING, "chunked")?;
+    ctx.status = header.status.as_u16();
+    if session.write_response_header(Box::new(resp), false).await.is_err() {
+        r.state.metrics.client_disconnects.inc();
+        return Ok(Attempt::Done);
+    }
+    let mut round = StreamRound::default();
+    let mut usage: Option<Value> = None;
+    let mut tail = Tail::default();
+    loop {
+        let mut split = SseSplitter::default();
+        loop {
+            if up.response_done() {
+                break;
+            }
+            let chunk = tokio::select! {
+                biased;
+                c = up.read_response_body() => c,
+                _ = client_gone(session) => {
+                    r.state.metrics.client_disconnects.inc();
+                    ctx.client_gone = true;
+                    return Ok(Attempt::Done);
+                }
+            };
+            match chunk {
+                Ok(Some(bytes)) => {
+                    let mut out = String::new();
+                    for data in split.push(&bytes) {
+                        if let Some(ev) = round.event(&data) {
+                            out.push_str("data: ");
+                            out.push_str(&ev);
+                            out.push_str("\n\n");
+                        }
+                    }
+                    if !out.is_empty() {
+                        tail.push(out.as_bytes());
+                        if session.write_response_body(Some(Bytes::from(out)), false).await.is_err() {
+                            r.state.metrics.client_disconnects.inc();
+                            ctx.client_gone = true;
+                            return Ok(Attempt::Done);
+                        }
+                        ctx.first_byte.get_or_insert_with(Instant::now);
+                    }
+                }
+                Ok(None) => break,
+                Err(e) => {
+                    let kind = FailKind::of(&e);
+                    note_failure(r.state, r.pool, r.backend, "stream_cut");
+                    let msg = format!("the backend's stream broke off ({})", kind.label());
+                    let _ = end_stream_with_error(session, route, &tail, &msg).await;
+                    return Ok(Attempt::Done);
+                }
+            }
+        }
+        if up.response_done() {
+            r.state.upstream.release(up, r.backend).await;
+        }
+        search::add_usage(&mut usage, round.usage.as_ref());
+        if !round.done {
+            note_failure(r.state, r.pool, r.backend, "stream_cut");
+            let _ =
+                end_stream_with_error(session, route, &tail, "the backend ended the stream without [DONE]")
+                    .await;
+            return Ok(Attempt::Done);
+        }
+        let mut end = String::new();
+        match round.searches() {
+            Some((content, calls)) if r.done < r.plan.max_rounds => {
+                match r.next(session, content.as_deref(), &calls).await {
+                    Ok(Some((next_up, h))) if h.status.as_u16() == 200 && is_sse(&h) => {
+                        up = next_up;
+                        round = round.next_round();
+                        continue;
+                    }
+                    Ok(Some((_, h))) => {
+                        let msg = format!("the backend answered a tool_search round with {}", h.status);
+                        let _ = end_stream_with_error(session, route, &tail, &msg).await;
+                        return Ok(Attempt::Done);
+                    }
+                    Ok(None) => {
+                        r.state.metrics.client_disconnects.inc();
+                        ctx.client_gone = true;
+                        return Ok(Attempt::Done);
+                    }
+                    Err(e) => {
+                        tracing::warn!(backend = %r.backend.name, error = %e, "tool_search round failed");
+                        let _ = end_stream_with_error(
+                            session,
+                            route,
+                            &tail,
+                            "the backend failed during a tool_search round",
+                        )
+                        .await;
+                        return Ok(Attempt::Done);
+                    }
+                }
+            }
+            Some(_) => {
+                // Rounds used up: end the turn warmpath held open.
+                if let Some(c) = round.stop_chunk() {
+                    end.push_str(&format!("data: {c}\n\n"));
+                }
+            }
+            None => {}
+        }
+        r.backend.record_success(&r.state.cfg.health, Instant::now());
+        end.push_str(&search::closing(usage, round.last_chunk.as_ref(), round.id.as_deref()));
+        if session.write_response_body(Some(Bytes::from(end)), true).await.is_err() {
+            r.state.metrics.client_disconnects.inc();
+            ctx.client_gone = true;
+        }
+        return Ok(Attempt::Done);
+    }
+}
