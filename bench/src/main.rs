@@ -13,6 +13,7 @@ mod report;
 mod requests;
 mod stats;
 mod targets;
+mod tool_search;
 mod trace;
 mod upstream;
 mod workload;
@@ -38,6 +39,9 @@ enum Cmd {
     /// N engines with finite KV caches: hit rates beside the oracle and partition ceiling, TTFT,
     /// imbalance, client bytes, proxy CPU.
     Compare(Box<compare::Args>),
+    /// How well warmpath's `tool_search` (BM25) finds the tools a request needs: recall@k and
+    /// MRR on a labelled set, beside a word-overlap baseline.
+    ToolSearch(tool_search::Args),
 }
 
 fn main() -> anyhow::Result<()> {
@@ -48,6 +52,7 @@ fn main() -> anyhow::Result<()> {
             Cmd::Engine(a) => engine::run(a).await,
             Cmd::Overhead(a) => overhead::run(a).await,
             Cmd::Compare(a) => compare::run(*a).await,
+            Cmd::ToolSearch(a) => tool_search::run(a),
         }
     }))
 }

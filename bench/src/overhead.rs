@@ -97,6 +97,9 @@ pub fn date() -> String {
     format!("{y:04}-{m:02}-{d:02}")
 }
 
+/// The warmpath target with every request-shaping stage on.
+const FULL: &str = "round_robin+canon+defer";
+
 pub async fn run(a: Args) -> anyhow::Result<()> {
     let (requests, rounds) = if a.quick { (500, 1) } else { (a.requests, a.rounds) };
     let up = upstream::start()?;
@@ -104,8 +107,12 @@ pub async fn run(a: Args) -> anyhow::Result<()> {
     let small = Bytes::from(requests::small(model));
     let agent = Bytes::from(requests::agent(model));
 
-    let mut list: Vec<Target> =
-        vec![targets::direct(up), targets::warmpath(&[up], "round_robin", a.proxy_threads, "")?];
+    let mut list: Vec<Target> = vec![
+        targets::direct(up),
+        targets::warmpath(&[up], "round_robin", a.proxy_threads, "")?,
+        // Everything on: canonicalization, block hashing with the engine's tokenizer, deferral.
+        targets::warmpath(&[up], FULL, a.proxy_threads, "")?,
+    ];
     // A second warmpath whose requests go to a path it answers itself: its floor.
     let mut floor = targets::warmpath(&[up], "round_robin", a.proxy_threads, "")?;
     floor.name = "floor: warmpath answers 404 itself".into();
@@ -194,8 +201,17 @@ pub async fn run(a: Args) -> anyhow::Result<()> {
         let get = |prefix: &str| {
             cpu_of.iter().filter(|(n, _)| n.starts_with(prefix)).filter_map(|(_, c)| *c).reduce(f64::min)
         };
+        let exact = |name: &str| cpu_of.iter().find(|(n, _)| n == name).and_then(|(_, c)| *c);
         let _ = writeln!(md);
-        if let Some(wp) = get("warmpath") {
+        let rust_best = [get("sglang-router"), get("vllm-router")].into_iter().flatten().reduce(f64::min);
+        if let (Some(full), Some(plain)) = (exact(&format!("warmpath {FULL}")), exact("warmpath round_robin"))
+        {
+            let _ = writeln!(md, "- warmpath {FULL} CPU / warmpath round_robin CPU: {:.2}×", full / plain);
+            if let Some(rb) = rust_best {
+                let _ = writeln!(md, "- warmpath {FULL} CPU / best Rust router CPU: **{:.2}×**", full / rb);
+            }
+        }
+        if let Some(wp) = exact("warmpath round_robin") {
             if let Some(ng) = get("nginx") {
                 let _ = writeln!(md, "- warmpath CPU / nginx CPU: **{:.2}×**", wp / ng);
                 if let Some(fl) = get("floor") {
@@ -206,7 +222,6 @@ pub async fn run(a: Args) -> anyhow::Result<()> {
                     );
                 }
             }
-            let rust_best = [get("sglang-router"), get("vllm-router")].into_iter().flatten().reduce(f64::min);
             if let Some(rb) = rust_best {
                 let _ = writeln!(md, "- warmpath CPU / best Rust router CPU: **{:.2}×**", wp / rb);
             }

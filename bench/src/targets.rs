@@ -82,15 +82,26 @@ pub fn direct(upstream: SocketAddr) -> Target {
     Target { name: "direct".into(), addr: upstream, child: None }
 }
 
-/// warmpath with one pool over `backends` under `policy`; `threads` is its `[server] threads`;
-/// `extra` is TOML appended to the generated policy file (tables of the pool, such as
-/// `[pools.prefix_hash]`).
-pub fn warmpath(
-    backends: &[SocketAddr],
-    policy: &str,
-    threads: usize,
-    extra: &str,
-) -> anyhow::Result<Target> {
+/// The pool tables a `+feature` of a warmpath target spec turns on: `canon` (canonicalization,
+/// blocks with the bundled engine's tokenizer), `defer` (deferred tool discovery).
+fn feature_toml(feature: &str) -> anyhow::Result<&'static str> {
+    Ok(match feature {
+        "canon" => "[pools.canon]\nenabled = true\ntokenizer = \"wp32k\"\n",
+        "defer" => "[pools.tools]\ndefer = true\n",
+        _ => anyhow::bail!("unknown warmpath feature +{feature} (canon, defer)"),
+    })
+}
+
+/// warmpath with one pool over `backends` under `spec` (`POLICY[+canon][+defer]`); `threads`
+/// is its `[server] threads`; `extra` is TOML appended to the generated policy file (tables of
+/// the pool, such as `[pools.prefix_hash]`).
+pub fn warmpath(backends: &[SocketAddr], spec: &str, threads: usize, extra: &str) -> anyhow::Result<Target> {
+    let mut parts = spec.split('+');
+    let policy = parts.next().unwrap_or("round_robin");
+    let mut features = String::new();
+    for f in parts {
+        features.push_str(feature_toml(f)?);
+    }
     let bin = sibling("warmpath")?;
     let (addr, admin) = (free_addr()?, free_addr()?);
     let dir = work_dir(&format!("warmpath-{policy}-{}", addr.port()))?;
@@ -103,6 +114,7 @@ pub fn warmpath(
     for (i, b) in backends.iter().enumerate() {
         toml.push_str(&format!("[[pools.backends]]\nname = \"b{i}\"\nurl = \"http://{b}\"\n"));
     }
+    toml.push_str(&features);
     toml.push_str(extra);
     std::fs::write(&file, toml)?;
     let mut t = spawn(
@@ -110,7 +122,7 @@ pub fn warmpath(
         Command::new(bin).arg("--config").arg(&file),
         addr,
     )?;
-    t.name = format!("warmpath {policy}");
+    t.name = format!("warmpath {spec}");
     Ok(t)
 }
 

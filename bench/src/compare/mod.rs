@@ -65,10 +65,11 @@ pub struct Args {
     /// Number of engine replicas.
     #[arg(long, default_value_t = 4)]
     backends: usize,
-    /// Targets, `system:policy`: warmpath:round_robin|least_load|prefix_hash|session,
-    /// sglang-router:POLICY, vllm-router:POLICY, nginx:round_robin, direct (all to engine 0).
-    /// Default for `trace`: warmpath round_robin and prefix_hash, sglang-router and vllm-router
-    /// cache_aware, nginx; for `agent`: warmpath:session.
+    /// Targets, `system:policy`: warmpath:round_robin|least_load|prefix_hash|session, each with
+    /// optional `+canon` (canonicalization) and `+defer` (tool deferral), sglang-router:POLICY,
+    /// vllm-router:POLICY, nginx:round_robin, direct (all to engine 0). Default for `trace`:
+    /// warmpath round_robin and prefix_hash, sglang-router and vllm-router cache_aware, nginx;
+    /// for `agent`: warmpath:session as sent and with +canon+defer.
     #[arg(long, value_delimiter = ',')]
     targets: Vec<String>,
     /// agent: client modes, each run against every target.
@@ -286,7 +287,7 @@ pub async fn run(mut a: Args) -> anyhow::Result<()> {
     if a.targets.is_empty() {
         a.targets = match a.workload {
             Workload::Trace => "warmpath:round_robin,warmpath:prefix_hash,sglang-router:cache_aware,vllm-router:cache_aware,nginx:round_robin",
-            Workload::Agent => "warmpath:session",
+            Workload::Agent => "warmpath:session,warmpath:session+canon+defer",
         }
         .split(',')
         .map(String::from)

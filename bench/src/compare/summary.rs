@@ -211,16 +211,16 @@ impl Context<'_> {
         md
     }
 
-    /// Per turn of the agent workload: prefilled tokens (prompt − cached, from each response's
-    /// usage), TTFT p50 and client bytes, for every run.
+    /// Per turn of the agent workload: the prompt the engine got and what it prefilled of it
+    /// (prompt − cached, from each response's usage), TTFT p50 and client bytes, for every run.
     fn per_turn(&self, runs: &[Vec<Run>]) -> String {
         let mut md =
-            String::from("### Per turn (means over sessions; first round)\n\n| turn | prompt tokens |");
+            String::from("### Per turn (means over sessions; first round)\n\n| turn | tokens sent |");
         for s in self.slots {
-            let _ = write!(md, " {} prefilled | TTFT p50 ms | client KB |", s.label());
+            let _ = write!(md, " {} prompt | prefilled | TTFT p50 ms | client KB |", s.label());
         }
         md.push_str("\n| ---: | ---: |");
-        md.push_str(&" ---: | ---: | ---: |".repeat(self.slots.len()));
+        md.push_str(&" ---: | ---: | ---: | ---: |".repeat(self.slots.len()));
         md.push('\n');
         let turns = self.reqs.iter().filter_map(|r| r.session).map(|s| s.1 + 1).max().unwrap_or(0);
         for t in 0..turns {
@@ -231,7 +231,7 @@ impl Context<'_> {
             let _ = write!(md, "| {} | {prompt:.0} |", t + 1);
             for rs in runs {
                 let Some(r) = rs.first() else {
-                    md.push_str(" — | — | — |");
+                    md.push_str(" — | — | — | — |");
                     continue;
                 };
                 let outs: Vec<&Outcome> = idx.iter().map(|&i| &r.outcomes[i]).filter(|o| o.ok).collect();
@@ -243,7 +243,8 @@ impl Context<'_> {
                 let ttft =
                     median(outs.iter().filter_map(|o| o.ttft).map(|d| d.as_secs_f64() * 1e3).collect());
                 let kb = mean(outs.iter().map(|o| o.bytes_sent as f64 / 1024.0).collect());
-                let _ = write!(md, " {prefilled:.0} | {ttft:.0} | {kb:.1} |");
+                let prompt = mean(outs.iter().filter_map(|o| o.prompt_tokens.map(|p| p as f64)).collect());
+                let _ = write!(md, " {prompt:.0} | {prefilled:.0} | {ttft:.0} | {kb:.1} |");
             }
             md.push('\n');
         }
