@@ -112,6 +112,14 @@ impl Context<'_> {
             self.oracle.rate(),
             self.ceiling.rate()
         );
+        if self.slots.iter().any(|s| s.spec.contains("+canon") || s.spec.contains("+defer")) {
+            let _ = writeln!(
+                md,
+                "Targets with `+canon` or `+defer` rewrite the prompts before the engines see them, so these \
+                 references (computed on the prompts as sent) do not bound them: compare their hit rate, \
+                 prefilled tokens and TTFT with the same policy's as-sent row.\n"
+            );
+        }
         let _ = writeln!(
             md,
             "| target | hit rate | / ceiling | / oracle | prefilled tokens | TTFT p50 ms | p90 | p99 | e2e p50 ms | p99 | out tok/s | req imbalance | work imbalance | engine busy % mean / max | preemptions | client KB/req | proxy CPU µs/req | RSS MB | errors |"

@@ -201,8 +201,10 @@ impl Canon {
         if let Some((_, changed)) = &tools {
             edits.tools_reordered = *changed;
         }
+        // Searches are answered for one choice; with `n` > 1 every tool stays.
+        let one_choice = raw_field(req, "n").is_none_or(|n| n.get().trim() == "1" || n.get().trim() == "null");
         let plan = match (&self.defer, &tools) {
-            (Some(d), Some((list, _))) if self.rewrite => {
+            (Some(d), Some((list, _))) if self.rewrite && one_choice => {
                 d.plan(list, named_tool(req).as_deref(), &|t| self.count_tokens(t))
             }
             _ => None,
