@@ -29,7 +29,7 @@ use warmpath_wire::openai::ApiError;
 use warmpath_wire::tokenizer::Tokenizer;
 
 use crate::config::{CanonConfig, NoteRole, TokenizerKind, ToolsConfig};
-use crate::http::request::{LlmRequest, LlmRoute, MessageView, PartView, Str};
+use crate::http::request::{ContentView, LlmRequest, LlmRoute, MessageView, Str};
 use crate::tools::search::{self, SearchPlan};
 use crate::tools::{DeferredSet, Deferrer, SEARCH_TOOL};
 pub use render::{Blocks, Encoder, Lookups, TokenCache};
@@ -159,9 +159,8 @@ impl Canon {
 
     /// The tools of `tools` (raw), canonical, in the order the backend will get them, and
     /// whether that differs from what was sent. `None` when the field is not a list.
-    fn tools(&self, raw: Option<&RawValue>) -> Result<Option<ToolList>, ApiError> {
-        let Some(raw) = raw else { return Ok(None) };
-        let Ok(list) = serde_json::from_str::<Vec<&RawValue>>(raw.get()) else { return Ok(None) };
+    fn tools(&self, req: &LlmRequest<'_>) -> Result<Option<ToolList>, ApiError> {
+        let Some((_, list)) = &req.tools else { return Ok(None) };
         let mut out = Vec::with_capacity(list.len());
         let mut changed = false;
         for (i, t) in list.iter().enumerate() {
@@ -192,17 +191,19 @@ impl Canon {
     fn prepare_chat(&self, req: &LlmRequest<'_>, hash: bool) -> Result<Prepared, ApiError> {
         let mut edits = Edits::default();
         let mut lookups = Lookups::default();
-        let tools = self.tools(raw_field(req, "tools"))?;
+        let tools = self.tools(req)?;
         let lead_system =
             req.messages.first().is_some_and(|m| matches!(m.role.0.as_ref(), "system" | "developer"));
-        let system_text = lead_system.then(|| text_of(req.messages[0].content)).flatten();
+        let system_text =
+            lead_system.then(|| req.messages[0].content.as_ref().and_then(ContentView::text)).flatten();
         let moved = self.split_system(system_text.as_deref(), &mut edits);
         let note = moved.as_ref().map(|m| m.lines.join("\n"));
         if let Some((_, changed)) = &tools {
             edits.tools_reordered = *changed;
         }
         // Searches are answered for one choice; with `n` > 1 every tool stays.
-        let one_choice = raw_field(req, "n").is_none_or(|n| n.get().trim() == "1" || n.get().trim() == "null");
+        let one_choice =
+            raw_field(req, "n").is_none_or(|n| n.get().trim() == "1" || n.get().trim() == "null");
         let plan = match (&self.defer, &tools) {
             (Some(d), Some((list, _))) if self.rewrite && one_choice => {
                 d.plan(list, named_tool(req).as_deref(), &|t| self.count_tokens(t))
@@ -298,7 +299,7 @@ impl Canon {
     fn prepare_responses(&self, req: &LlmRequest<'_>, hash: bool) -> Result<Prepared, ApiError> {
         let mut edits = Edits::default();
         let mut lookups = Lookups::default();
-        let tools = self.tools(raw_field(req, "tools"))?;
+        let tools = self.tools(req)?;
         if let Some((_, changed)) = &tools {
             edits.tools_reordered = *changed;
         }
@@ -471,35 +472,14 @@ fn salt_of(req: &LlmRequest<'_>) -> Option<String> {
     req.extra_str("cache_salt").map(Cow::into_owned)
 }
 
-/// The text of a content value: a string, or the text parts of a list joined without a
-/// separator (as the template renders it). `None` for no content and for a list with parts
-/// that are not text (so a prompt with an image is never rewritten).
+/// The text of a raw content value (Responses items), as [`ContentView::text`] reads it.
 pub fn text_of<'a>(raw: Option<&'a RawValue>) -> Option<Cow<'a, str>> {
-    let text = raw?.get();
-    if text.starts_with('"') {
-        return serde_json::from_str::<Str<'a>>(text).ok().map(|s| s.0);
-    }
-    #[derive(Deserialize)]
-    struct Part<'a> {
-        #[serde(borrow, rename = "type")]
-        kind: Option<Str<'a>>,
-        #[serde(flatten, borrow)]
-        part: PartView<'a>,
-    }
-    let parts: Vec<Part<'a>> = serde_json::from_str(text).ok()?;
-    let mut out = String::new();
-    for p in parts {
-        match (p.kind.as_ref().map(|k| k.0.as_ref()), p.part.text) {
-            (Some("text" | "input_text" | "output_text") | None, Some(t)) => out.push_str(&t.0),
-            _ => return None,
-        }
-    }
-    Some(Cow::Owned(out))
+    serde_json::from_str::<ContentView<'a>>(raw?.get()).ok()?.text()
 }
 
 /// One chat message into the prompt, the way the bundled template renders it.
 fn render_message(b: &mut PromptBuilder, m: &MessageView<'_>) {
-    let text = text_of(m.content).unwrap_or_default();
+    let text = m.content.as_ref().and_then(ContentView::text).unwrap_or_default();
     if m.role.0 == "tool" {
         b.tool_result(m.tool_call_id.as_ref().map_or("", |s| s.0.as_ref()), &text);
         return;
@@ -600,20 +580,22 @@ impl Body {
 
     /// Every other top-level field in the order sent, `tools` canonical.
     fn extras(&mut self, req: &LlmRequest<'_>, tools: Option<&[Arc<CanonTool>]>) {
-        for (k, v) in &req.extra {
-            self.key(&k.0);
-            match (k.0.as_ref(), tools) {
-                ("tools", Some(tools)) => {
-                    self.out.push('[');
-                    for (i, t) in tools.iter().enumerate() {
-                        if i > 0 {
-                            self.out.push(',');
-                        }
-                        self.out.push_str(&t.json);
+        let at = req.tools.as_ref().map(|(at, _)| *at);
+        for i in 0..=req.extra.len() {
+            if let (Some(tools), true) = (tools, at == Some(i)) {
+                self.key("tools");
+                self.out.push('[');
+                for (i, t) in tools.iter().enumerate() {
+                    if i > 0 {
+                        self.out.push(',');
                     }
-                    self.out.push(']');
+                    self.out.push_str(&t.json);
                 }
-                _ => self.out.push_str(&json::minify(v.get())),
+                self.out.push(']');
+            }
+            if let Some((k, v)) = req.extra.get(i) {
+                self.key(&k.0);
+                self.out.push_str(&json::minify(v.get()));
             }
         }
     }

@@ -92,8 +92,8 @@ impl<'de: 'a, 'a> Deserialize<'de> for Str<'a> {
 pub struct MessageView<'a> {
     #[serde(borrow)]
     pub role: Str<'a>,
-    #[serde(borrow)]
-    pub content: Option<&'a RawValue>,
+    #[serde(borrow, default)]
+    pub content: Option<ContentView<'a>>,
     /// Assistant turns: the calls, read leniently where they are rendered.
     #[serde(borrow, default)]
     pub tool_calls: Option<&'a RawValue>,
@@ -101,11 +101,89 @@ pub struct MessageView<'a> {
     pub tool_call_id: Option<Str<'a>>,
 }
 
-/// A text content part (`{"type":"text","text":...}`); other parts have no `text`.
+/// Message content, decoded in the same pass as the message: a string, a list of parts, or
+/// something else (kept in the body, not rendered).
+#[derive(Debug)]
+pub enum ContentView<'a> {
+    Text(Str<'a>),
+    Parts(Vec<PartView<'a>>),
+    Other,
+}
+
+/// A content part: its type and, for text parts, the text.
 #[derive(Debug, Deserialize)]
 pub struct PartView<'a> {
-    #[serde(borrow)]
+    #[serde(borrow, rename = "type", default)]
+    pub kind: Option<Str<'a>>,
+    #[serde(borrow, default)]
     pub text: Option<Str<'a>>,
+}
+
+impl<'a> ContentView<'a> {
+    /// The text as the template renders it: a string, or the text parts joined without a
+    /// separator. `None` for a list with parts that are not text (so a prompt with an image
+    /// is never rewritten) and for other values.
+    pub fn text(&self) -> Option<Cow<'a, str>> {
+        match self {
+            ContentView::Text(s) => Some(s.0.clone()),
+            ContentView::Parts(parts) => {
+                let mut out = String::new();
+                for p in parts {
+                    match (p.kind.as_ref().map(|k| k.0.as_ref()), &p.text) {
+                        (Some("text" | "input_text" | "output_text") | None, Some(t)) => out.push_str(&t.0),
+                        _ => return None,
+                    }
+                }
+                Some(Cow::Owned(out))
+            }
+            ContentView::Other => None,
+        }
+    }
+}
+
+impl<'de: 'a, 'a> Deserialize<'de> for ContentView<'a> {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V<'a>(std::marker::PhantomData<&'a ()>);
+        impl<'de: 'a, 'a> Visitor<'de> for V<'a> {
+            type Value = ContentView<'a>;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("a string or a list of content parts")
+            }
+            fn visit_borrowed_str<E: de::Error>(self, v: &'de str) -> Result<Self::Value, E> {
+                Ok(ContentView::Text(Str(Cow::Borrowed(v))))
+            }
+            fn visit_str<E: de::Error>(self, v: &str) -> Result<Self::Value, E> {
+                Ok(ContentView::Text(Str(Cow::Owned(v.to_owned()))))
+            }
+            fn visit_string<E: de::Error>(self, v: String) -> Result<Self::Value, E> {
+                Ok(ContentView::Text(Str(Cow::Owned(v))))
+            }
+            fn visit_seq<A: de::SeqAccess<'de>>(self, mut seq: A) -> Result<Self::Value, A::Error> {
+                let mut parts = Vec::new();
+                while let Some(p) = seq.next_element::<PartView<'a>>()? {
+                    parts.push(p);
+                }
+                Ok(ContentView::Parts(parts))
+            }
+            fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
+                while map.next_entry::<de::IgnoredAny, de::IgnoredAny>()?.is_some() {}
+                Ok(ContentView::Other)
+            }
+            fn visit_bool<E: de::Error>(self, _: bool) -> Result<Self::Value, E> {
+                Ok(ContentView::Other)
+            }
+            fn visit_i64<E: de::Error>(self, _: i64) -> Result<Self::Value, E> {
+                Ok(ContentView::Other)
+            }
+            fn visit_u64<E: de::Error>(self, _: u64) -> Result<Self::Value, E> {
+                Ok(ContentView::Other)
+            }
+            fn visit_f64<E: de::Error>(self, _: f64) -> Result<Self::Value, E> {
+                Ok(ContentView::Other)
+            }
+        }
+        d.deserialize_any(V(std::marker::PhantomData))
+    }
 }
 
 /// A request body, typed where routing reads it.
@@ -120,6 +198,9 @@ pub struct LlmRequest<'a> {
     pub content: Option<&'a RawValue>,
     /// Responses only: `instructions`.
     pub instructions: Option<&'a RawValue>,
+    /// Chat and Responses: `tools`, each definition's raw JSON, with the index in `extra` the
+    /// field had (read once here: a 50 KB tool list must not be scanned twice).
+    pub tools: Option<(usize, Vec<&'a RawValue>)>,
     /// Every other top-level field, in order, as raw JSON.
     pub extra: Vec<(Str<'a>, &'a RawValue)>,
 }
@@ -185,6 +266,7 @@ impl<'de> Visitor<'de> for RequestSeed {
         let mut messages: Option<Vec<&'de RawValue>> = None;
         let mut content: Option<&'de RawValue> = None;
         let mut instructions: Option<&'de RawValue> = None;
+        let mut tools: Option<(usize, Vec<&'de RawValue>)> = None;
         let mut extra = Vec::new();
         while let Some(k) = map.next_key::<Str<'de>>()? {
             let dup = |name: &'static str| de::Error::duplicate_field(name);
@@ -202,6 +284,11 @@ impl<'de> Visitor<'de> for RequestSeed {
                 f if f == content_field && route != LlmRoute::Chat => {
                     if content.replace(map.next_value()?).is_some() {
                         return Err(dup(content_field));
+                    }
+                }
+                "tools" if matches!(route, LlmRoute::Chat | LlmRoute::Responses) => {
+                    if tools.replace((extra.len(), map.next_value()?)).is_some() {
+                        return Err(dup("tools"));
                     }
                 }
                 "instructions" if route == LlmRoute::Responses => {
@@ -234,7 +321,7 @@ impl<'de> Visitor<'de> for RequestSeed {
         if matches!(route, LlmRoute::Completions | LlmRoute::Embeddings) && content.is_none() {
             return Err(de::Error::missing_field(content_field));
         }
-        Ok(LlmRequest { route, model, messages, raw_messages, content, instructions, extra })
+        Ok(LlmRequest { route, model, messages, raw_messages, content, instructions, tools, extra })
     }
 }
 
@@ -251,8 +338,9 @@ mod tests {
         assert_eq!(r.messages[0].role.0, "system");
         assert!(r.messages[1].content.is_none());
         let keys: Vec<&str> = r.extra.iter().map(|(k, _)| k.0.as_ref()).collect();
-        assert_eq!(keys, ["tools", "user", "temperature"]);
-        assert_eq!(r.extra[2].1.get(), "0.50", "raw slices keep the client's spelling");
+        assert_eq!(keys, ["user", "temperature"]);
+        assert_eq!(r.tools.as_ref().map(|(at, t)| (*at, t.len())), Some((0, 1)), "tools read once, in place");
+        assert_eq!(r.extra[1].1.get(), "0.50", "raw slices keep the client's spelling");
         assert_eq!(r.extra_str("user").as_deref(), Some("u1"));
         assert!(matches!(r.model.0, Cow::Borrowed(_)), "no copy of unescaped strings");
     }
