@@ -175,3 +175,71 @@ fn search_rounds_are_bounded() {
         "{streamed}"
     );
 }
+
+/// The Responses API's own form, for a backend that does not implement it: functions marked
+/// `defer_loading` and `{"type": "tool_search"}`. The backend (scripted) gets the core tools and
+/// a `tool_search` function, warmpath answers the search, and the client's output shows the
+/// search as `tool_search_call` / `tool_search_output` items before the real call. Echoed back
+/// next turn, those items reach the backend as the function call and result it knows.
+#[test]
+fn the_responses_native_tool_search_is_served_for_a_backend_without_it() {
+    let up = Scripted::start_with(|body| {
+        let text = String::from_utf8_lossy(body);
+        let call = if text.contains("forecast_days") {
+            json!({"type": "function_call", "call_id": "c_weather", "name": "get_weather_forecast", "arguments": "{\"city\":\"Oslo\"}"})
+        } else {
+            json!({"type": "function_call", "call_id": "c_search", "name": "tool_search", "arguments": "{\"query\":\"weather forecast\"}"})
+        };
+        json!({"id": "resp_1", "object": "response", "status": "completed", "output": [call],
+               "usage": {"input_tokens": body.len() / 4, "output_tokens": 5, "total_tokens": body.len() / 4 + 5}})
+    });
+    let proxy = Proxy::start(&policy("", DEFER, &["m"], &[("up", up.url())]));
+    let mut tools: Vec<Value> = tools()
+        .into_iter()
+        .map(|t| {
+            let f = &t["function"];
+            let name = f["name"].as_str().unwrap_or("");
+            json!({"type": "function", "name": name, "description": f["description"], "parameters": f["parameters"],
+                   "defer_loading": name != "read_file"})
+        })
+        .collect();
+    tools.push(json!({"type": "tool_search"}));
+    let input = vec![json!({"role": "user", "content": "What will the weather be in Oslo?"})];
+    let r = post_json(proxy.addr, "/v1/responses", &json!({"model": "m", "input": input, "tools": tools}));
+    assert_eq!(r.status, 200, "{}", r.text());
+    let v = r.json();
+    let out = v["output"].as_array().expect("output");
+    let kinds: Vec<&str> = out.iter().filter_map(|i| i["type"].as_str()).collect();
+    assert_eq!(kinds, ["tool_search_call", "tool_search_output", "function_call"], "{v}");
+    assert_eq!(out[0]["arguments"]["query"], "weather forecast");
+    assert!(
+        out[1]["tools"].as_array().expect("tools").iter().any(|t| t["name"] == "get_weather_forecast"),
+        "{v}"
+    );
+    assert_eq!(out[2]["name"], "get_weather_forecast");
+
+    let bodies = up.bodies.lock().expect("lock").clone();
+    assert_eq!(bodies.len(), 2, "two rounds");
+    let first: Value = serde_json::from_slice(&bodies[0]).expect("json");
+    let names: Vec<&str> =
+        first["tools"].as_array().expect("tools").iter().filter_map(|t| t["name"].as_str()).collect();
+    assert_eq!(names, ["read_file", "tool_search"], "core tools and the search function only");
+    let second = String::from_utf8_lossy(&bodies[1]);
+    assert!(second.contains("function_call_output") && second.contains("forecast_days"), "{second}");
+    let sum = |b: &[u8]| b.len() as u64 / 4;
+    assert_eq!(
+        v["usage"]["input_tokens"].as_u64(),
+        Some(sum(&bodies[0]) + sum(&bodies[1])),
+        "usage of both rounds"
+    );
+
+    // Next turn: the client echoes the output back with the tool's result.
+    let mut next = vec![json!({"role": "user", "content": "What will the weather be in Oslo?"})];
+    next.extend(out.iter().cloned());
+    next.push(json!({"type": "function_call_output", "call_id": "c_weather", "output": "sunny in Oslo"}));
+    let r = post_json(proxy.addr, "/v1/responses", &json!({"model": "m", "input": next, "tools": tools}));
+    assert_eq!(r.status, 200, "{}", r.text());
+    let third = String::from_utf8_lossy(&up.bodies.lock().expect("lock")[2]).into_owned();
+    assert!(!third.contains("tool_search_call") && !third.contains("tool_search_output"), "{third}");
+    assert!(third.contains("\"name\":\"tool_search\"") && third.contains("forecast_days"), "{third}");
+}

@@ -31,7 +31,7 @@ use warmpath_wire::tokenizer::Tokenizer;
 use crate::config::{CanonConfig, NoteRole, TokenizerKind, ToolsConfig};
 use crate::http::request::{ContentView, LlmRequest, LlmRoute, MessageView, Str};
 use crate::tools::search::{self, SearchPlan};
-use crate::tools::{DeferredSet, Deferrer, SEARCH_TOOL};
+use crate::tools::{DeferredSet, Deferrer, Form, SEARCH_TOOL};
 pub use render::{Blocks, Encoder, Lookups, TokenCache};
 use tools::{CanonTool, ToolCache};
 use volatile::Volatile;
@@ -206,7 +206,7 @@ impl Canon {
             raw_field(req, "n").is_none_or(|n| n.get().trim() == "1" || n.get().trim() == "null");
         let plan = match (&self.defer, &tools) {
             (Some(d), Some((list, _))) if self.rewrite && one_choice => {
-                d.plan(list, named_tool(req).as_deref(), &|t| self.count_tokens(t))
+                d.plan(list, named_tool(req).as_deref(), Form::Chat, &|t| self.count_tokens(t))
             }
             _ => None,
         };
@@ -282,6 +282,8 @@ impl Canon {
                 limit: d.limit,
                 max_rounds: d.max_rounds,
                 messages_end,
+                form: Form::Chat,
+                native: false,
             }),
             _ => None,
         };
@@ -308,19 +310,72 @@ impl Canon {
         let note = moved.as_ref().map(|m| m.lines.join("\n"));
         let items: Option<Vec<&RawValue>> = req.content.and_then(|c| serde_json::from_str(c.get()).ok());
 
+        // Deferral: the client's own form (`{"type": "tool_search"}` with `defer_loading`
+        // functions) or the threshold; whole responses only (a streamed Responses turn keeps
+        // every tool, less the hosted search tool the backend may not know).
+        let list: &[Arc<CanonTool>] = tools.as_ref().map_or(&[], |(t, _)| t.as_slice());
+        let hosted = self.rewrite && self.defer.is_some() && list.iter().any(|t| t.hosted_search);
+        let stream = raw_field(req, "stream").is_some_and(|v| v.get().trim() == "true");
+        let one = raw_field(req, "n").is_none();
+        let tokens = |t: &str| self.count_tokens(t);
+        let plan = match &self.defer {
+            Some(d) if self.rewrite && !stream && one && hosted => d.plan_marked(list, &tokens),
+            Some(d) if self.rewrite && !stream && one => {
+                d.plan(list, named_tool(req).as_deref(), Form::Responses, &tokens)
+            }
+            _ => None,
+        };
+        let sent_tools: Option<Vec<Arc<CanonTool>>> = match (&plan, &tools) {
+            (Some(p), _) => Some(p.kept.clone()),
+            (None, Some((t, _))) if hosted => Some(t.iter().filter(|t| !t.hosted_search).cloned().collect()),
+            (None, Some((t, _))) => Some(t.clone()),
+            (None, None) => None,
+        };
+        // The input as items, where warmpath changes it: native search items translated into
+        // function calls the backend knows, searches put back before calls to deferred tools.
+        let rebuilt: Option<Vec<String>> = (plan.is_some() || hosted).then(|| {
+            let set = plan.as_ref().map(|p| p.set.as_ref());
+            match (&items, req.content) {
+                (Some(items), _) => input_items(items, set, &mut edits),
+                (None, Some(c)) => {
+                    vec![format!("{{\"role\":\"user\",\"content\":{}}}", json::minify(c.get()))]
+                }
+                (None, None) => Vec::new(),
+            }
+        });
+        if let (Some(p), Some(d)) = (&plan, edits.deferred.as_mut()) {
+            d.tools = p.set.tools.len();
+            d.saved_bytes = p.set.saved_bytes;
+            d.saved_tokens = p.set.saved_tokens;
+        } else if let Some(p) = &plan {
+            edits.deferred = Some(Deferred {
+                tools: p.set.tools.len(),
+                saved_bytes: p.set.saved_bytes,
+                saved_tokens: p.set.saved_tokens,
+                reinserted: 0,
+            });
+        }
+
         let blocks = hash.then(|| {
             let mut stable = PromptBuilder::default();
             let system = match &moved {
                 Some(m) => Some(m.kept.as_str()),
                 None => instructions.as_ref().map(|s| s.0.as_ref()),
             };
-            let lines = tools.iter().flat_map(|(t, _)| t.iter().map(|t| t.line.as_str()));
+            let lines = sent_tools.iter().flat_map(|t| t.iter().map(|t| t.line.as_str()));
             stable.system_turn(system, lines);
             let mut rest = PromptBuilder::default();
-            match (&items, req.content) {
-                (Some(items), _) => items.iter().for_each(|i| render_item(&mut rest, i)),
-                (None, Some(c)) => rest.turn("user", &text_of(Some(c)).unwrap_or_default(), []),
-                (None, None) => {}
+            match (&rebuilt, &items, req.content) {
+                (Some(r), _, _) => {
+                    for i in r {
+                        if let Ok(raw) = serde_json::from_str::<&RawValue>(i) {
+                            render_item(&mut rest, raw);
+                        }
+                    }
+                }
+                (None, Some(items), _) => items.iter().for_each(|i| render_item(&mut rest, i)),
+                (None, None, Some(c)) => rest.turn("user", &text_of(Some(c)).unwrap_or_default(), []),
+                (None, None, None) => {}
             }
             if let Some(n) = &note {
                 rest.turn(self.note_role, n, []);
@@ -329,6 +384,7 @@ impl Canon {
             self.blocks(stable.finish(), rest.finish(), req, &mut lookups)
         });
 
+        let mut input_end = 0;
         let body = self.rewrite.then(|| {
             let mut b = Body::new(req.model());
             if let Some(raw) = req.instructions {
@@ -338,37 +394,58 @@ impl Canon {
                     None => b.out.push_str(&json::minify(raw.get())),
                 }
             }
-            if req.content.is_some() || note.is_some() {
-                b.key("input");
-                match (&note, &items, req.content) {
-                    (None, _, Some(c)) => b.out.push_str(&json::minify(c.get())),
-                    (Some(n), items, content) => {
-                        b.out.push('[');
-                        match (items, content) {
-                            (Some(items), _) => {
-                                for i in items {
-                                    b.out.push_str(&json::minify(i.get()));
-                                    b.out.push(',');
-                                }
-                            }
-                            (None, Some(c)) => {
-                                b.out.push_str(&format!(
-                                    "{{\"role\":\"user\",\"content\":{}}},",
-                                    json::minify(c.get())
-                                ));
-                            }
-                            (None, None) => {}
+            let as_list: Option<Vec<Cow<'_, str>>> = match (&rebuilt, &note, &items, req.content) {
+                (Some(r), _, _, _) => Some(r.iter().map(|s| Cow::Borrowed(s.as_str())).collect()),
+                (None, Some(_), Some(items), _) => {
+                    Some(items.iter().map(|i| json::minify(i.get())).collect())
+                }
+                (None, Some(_), None, Some(c)) => Some(vec![Cow::Owned(format!(
+                    "{{\"role\":\"user\",\"content\":{}}}",
+                    json::minify(c.get())
+                ))]),
+                (None, Some(_), None, None) => Some(Vec::new()),
+                (None, None, _, _) => None,
+            };
+            match (as_list, req.content) {
+                (Some(list), _) => {
+                    b.key("input");
+                    b.out.push('[');
+                    for (k, i) in list.iter().enumerate() {
+                        if k > 0 {
+                            b.out.push(',');
+                        }
+                        b.out.push_str(i);
+                    }
+                    if let Some(n) = &note {
+                        if !list.is_empty() {
+                            b.out.push(',');
                         }
                         b.out.push_str(&note_message(self.note_role, n));
-                        b.out.push(']');
                     }
-                    (None, _, None) => {}
+                    input_end = b.out.len();
+                    b.out.push(']');
                 }
+                (None, Some(c)) => {
+                    b.key("input");
+                    b.out.push_str(&json::minify(c.get()));
+                }
+                (None, None) => {}
             }
-            b.extras(req, tools.as_ref().map(|(t, _)| t.as_slice()));
+            b.extras(req, sent_tools.as_deref());
             b.finish()
         });
-        Ok(Prepared { body, blocks, edits, lookups, search: None })
+        let search = match (&plan, &self.defer) {
+            (Some(p), Some(d)) => Some(SearchPlan {
+                set: p.set.clone(),
+                limit: d.limit,
+                max_rounds: d.max_rounds,
+                messages_end: input_end,
+                form: Form::Responses,
+                native: hosted,
+            }),
+            _ => None,
+        };
+        Ok(Prepared { body, blocks, edits, lookups, search })
     }
 
     /// Completions and embeddings: the prompt as sent (text, or token ids).
@@ -410,6 +487,84 @@ fn named_tool(req: &LlmRequest<'_>) -> Option<String> {
     let raw = raw_field(req, "tool_choice")?;
     let v: Value = serde_json::from_str(raw.get()).ok()?;
     v.pointer("/function/name").or_else(|| v.get("name")).and_then(Value::as_str).map(str::to_owned)
+}
+
+/// Responses input items as sent on: the client's `tool_search_call` / `tool_search_output`
+/// items (the native form, echoed back) become the function call and result the backend
+/// knows; before the first call to a deferred tool not loaded yet, a search for it and its
+/// result go in.
+fn input_items(items: &[&RawValue], set: Option<&DeferredSet>, edits: &mut Edits) -> Vec<String> {
+    #[derive(Deserialize)]
+    struct Item<'a> {
+        #[serde(borrow, rename = "type", default)]
+        kind: Option<Str<'a>>,
+        #[serde(borrow, default)]
+        name: Option<Str<'a>>,
+        #[serde(borrow, default)]
+        call_id: Option<Str<'a>>,
+        #[serde(borrow, default)]
+        arguments: Option<&'a RawValue>,
+        #[serde(borrow, default)]
+        tools: Option<Vec<&'a RawValue>>,
+    }
+    let mut loaded = std::collections::HashSet::new();
+    let mut out = Vec::with_capacity(items.len());
+    let mut reinserted = 0;
+    for raw in items {
+        let Ok(item) = serde_json::from_str::<Item<'_>>(raw.get()) else {
+            out.push(json::minify(raw.get()).into_owned());
+            continue;
+        };
+        let call_id = item.call_id.as_ref().map_or("", |s| s.0.as_ref());
+        match item.kind.as_ref().map(|k| k.0.as_ref()) {
+            Some("tool_search_call") => {
+                let args = match item.arguments.map(RawValue::get) {
+                    Some(a) if a.starts_with('"') => serde_json::from_str::<String>(a).unwrap_or_default(),
+                    Some(a) => json::minify(a).into_owned(),
+                    None => "{}".to_owned(),
+                };
+                out.push(serde_json::json!({"type": "function_call", "call_id": call_id, "name": SEARCH_TOOL, "arguments": args}).to_string());
+            }
+            Some("tool_search_output") => {
+                let defs: Vec<Arc<CanonTool>> = item
+                    .tools
+                    .iter()
+                    .flatten()
+                    .filter_map(|t| CanonTool::parse(t.get()).ok().map(Arc::new))
+                    .collect();
+                defs.iter().for_each(|t| {
+                    loaded.insert(t.name.clone());
+                });
+                let refs: Vec<&Arc<CanonTool>> = defs.iter().collect();
+                let text = crate::tools::result_text("", &refs);
+                out.push(
+                    serde_json::json!({"type": "function_call_output", "call_id": call_id, "output": text})
+                        .to_string(),
+                );
+            }
+            Some("function_call") => {
+                let name = item.name.as_ref().map_or("", |s| s.0.as_ref());
+                if let Some(t) = set.and_then(|s| s.get(name)).filter(|t| !loaded.contains(&t.name)) {
+                    loaded.insert(t.name.clone());
+                    let id = format!("ts_{call_id}");
+                    let args = serde_json::json!({ "query": t.name }).to_string();
+                    out.push(serde_json::json!({"type": "function_call", "call_id": id, "name": SEARCH_TOOL, "arguments": args}).to_string());
+                    let text = crate::tools::result_text(&t.name, &[t]);
+                    out.push(
+                        serde_json::json!({"type": "function_call_output", "call_id": id, "output": text})
+                            .to_string(),
+                    );
+                    reinserted += 1;
+                }
+                out.push(json::minify(raw.get()).into_owned());
+            }
+            _ => out.push(json::minify(raw.get()).into_owned()),
+        }
+    }
+    if reinserted > 0 {
+        edits.deferred = Some(Deferred { tools: 0, saved_bytes: 0, saved_tokens: 0, reinserted });
+    }
+    out
 }
 
 /// A search put back into the history: before the assistant message that first calls deferred

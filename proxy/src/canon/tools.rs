@@ -23,6 +23,10 @@ pub struct CanonTool {
     pub description: String,
     /// Parameter names and their descriptions, for search.
     pub params: Vec<String>,
+    /// Responses API: the client asked for it to be deferred (`defer_loading: true`).
+    pub defer_loading: bool,
+    /// Responses API: the hosted `{"type": "tool_search"}` tool.
+    pub hosted_search: bool,
 }
 
 impl CanonTool {
@@ -53,7 +57,11 @@ impl CanonTool {
                 }
             }
         }
-        Ok(CanonTool { name, json: v.to_string(), line, description, params })
+        let defer_loading =
+            f.get("defer_loading").or_else(|| v.get("defer_loading")) == Some(&Value::Bool(true));
+        let hosted_search =
+            v.get("type").and_then(Value::as_str) == Some("tool_search") && v.get("name").is_none();
+        Ok(CanonTool { name, json: v.to_string(), line, description, params, defer_loading, hosted_search })
     }
 }
 

@@ -25,6 +25,7 @@ use super::respond::send_error;
 use super::{AppState, RequestCtx};
 use crate::route::{Backend, Pool};
 use crate::tools::search::{self, SearchPlan, SseSplitter, StreamRound};
+use crate::tools::Form;
 
 /// Largest whole (non-streamed) response read to look for searches.
 const MAX_WHOLE_BODY: usize = 64 << 20;
@@ -38,6 +39,16 @@ pub(super) struct Rounds<'a> {
     pub plan: SearchPlan,
     pub body: Vec<u8>,
     pub done: usize,
+    /// Responses native form: the search items the client is shown.
+    pub shown: Vec<Value>,
+}
+
+/// The model's turn that made the searches.
+enum Turn {
+    /// Chat Completions: the message's content.
+    Chat(Option<String>),
+    /// Responses: the output items.
+    Items(Vec<Value>),
 }
 
 impl Rounds<'_> {
@@ -45,11 +56,15 @@ impl Rounds<'_> {
     async fn next(
         &mut self,
         session: &mut Session,
-        content: Option<&str>,
+        turn: Turn,
         calls: &[search::SearchCall],
     ) -> Result<Option<(HttpSession, ResponseHeader)>, String> {
         let t = Instant::now();
-        let answer = self.plan.answer(content, calls);
+        let mut answer = match &turn {
+            Turn::Chat(content) => self.plan.answer(content.as_deref(), calls),
+            Turn::Items(items) => self.plan.answer_items(items, calls),
+        };
+        self.shown.append(&mut answer.shown);
         self.body = self.plan.follow_up(&self.body, &answer.messages);
         let m = &self.state.metrics;
         let pool = self.pool.name.as_str();
@@ -128,11 +143,14 @@ async fn whole(
         }
         let parsed: Option<Value> = serde_json::from_slice(&bytes).ok();
         let status = header.status.as_u16();
-        let searches = parsed.as_ref().filter(|_| status == 200).and_then(search::search_calls);
+        let searches = parsed.as_ref().filter(|_| status == 200).and_then(|v| match r.plan.form {
+            Form::Chat => search::search_calls(v).map(|(c, calls)| (Turn::Chat(c), calls)),
+            Form::Responses => search::search_items(v).map(|(items, calls)| (Turn::Items(items), calls)),
+        });
         let out = match (searches, parsed) {
-            (Some((content, calls)), Some(v)) if r.done < r.plan.max_rounds => {
+            (Some((turn, calls)), Some(v)) if r.done < r.plan.max_rounds => {
                 search::add_usage(&mut earlier, v.get("usage"));
-                match r.next(session, content.as_deref(), &calls).await {
+                match r.next(session, turn, &calls).await {
                     Ok(Some((next_up, next_header))) => {
                         up = next_up;
                         header = next_header;
@@ -152,9 +170,13 @@ async fn whole(
             (Some(_), Some(mut v)) => {
                 // Rounds used up: the client must not see a call to a tool it does not have.
                 search::strip_searches(&mut v);
-                search::final_response(v, earlier)
+                search::final_value(&mut v, earlier, std::mem::take(&mut r.shown));
+                v.to_string().into_bytes()
             }
-            (None, Some(v)) if earlier.is_some() => search::final_response(v, earlier),
+            (None, Some(mut v)) if earlier.is_some() => {
+                search::final_value(&mut v, earlier, std::mem::take(&mut r.shown));
+                v.to_string().into_bytes()
+            }
             _ => bytes.to_vec(),
         };
         r.backend.record_success(&r.state.cfg.health, Instant::now());
@@ -259,7 +281,7 @@ async fn stream(
         let mut end = String::new();
         match round.searches() {
             Some((content, calls)) if r.done < r.plan.max_rounds => {
-                match r.next(session, content.as_deref(), &calls).await {
+                match r.next(session, Turn::Chat(content), &calls).await {
                     Ok(Some((next_up, h))) if h.status.as_u16() == 200 && is_sse(&h) => {
                         up = next_up;
                         round = round.next_round();

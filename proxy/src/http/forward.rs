@@ -348,6 +348,7 @@ async fn try_backend(
             plan: plan.clone(),
             body: body.to_vec(),
             done: 0,
+            shown: Vec::new(),
         };
         return super::deferred::serve(rounds, session, ctx, route, up, up_header, shown).await;
     }

@@ -120,6 +120,8 @@ mod tests {
             line: String::new(),
             description: desc.into(),
             params: params.iter().map(|p| p.to_string()).collect(),
+            defer_loading: false,
+            hosted_search: false,
         })
     }
 

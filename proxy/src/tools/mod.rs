@@ -62,6 +62,15 @@ impl DeferredSet {
     }
 }
 
+/// The API a request speaks: where tools and calls sit differs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Form {
+    /// Chat Completions: `{"type":"function","function":{...}}`, calls in `message.tool_calls`.
+    Chat,
+    /// Responses: `{"type":"function","name":...}`, calls as `function_call` output items.
+    Responses,
+}
+
 /// A request's tool list after deferral.
 #[derive(Debug)]
 pub struct Plan {
@@ -90,29 +99,55 @@ impl Deferrer {
         &self,
         tools: &[Arc<CanonTool>],
         named: Option<&str>,
+        form: Form,
         tokens: &dyn Fn(&str) -> usize,
     ) -> Option<Plan> {
         if tools.len() <= self.threshold || tools.iter().any(|t| t.name == SEARCH_TOOL) {
             return None;
         }
         let is_core = |t: &CanonTool| self.core.contains(&t.name) || named == Some(t.name.as_str());
-        let (mut kept, deferred): (Vec<_>, Vec<_>) = tools.iter().cloned().partition(|t| is_core(t));
+        let (kept, deferred): (Vec<_>, Vec<_>) = tools.iter().cloned().partition(|t| is_core(t));
+        self.finish_plan(kept, deferred, form, tokens)
+    }
+
+    /// The Responses API's own form: the client marked the tools to defer
+    /// (`defer_loading: true`) and listed `{"type": "tool_search"}`, which warmpath stands in
+    /// for; no threshold applies.
+    pub fn plan_marked(&self, tools: &[Arc<CanonTool>], tokens: &dyn Fn(&str) -> usize) -> Option<Plan> {
+        let (deferred, kept): (Vec<_>, Vec<_>) =
+            tools.iter().filter(|t| !t.hosted_search).cloned().partition(|t| t.defer_loading);
+        self.finish_plan(kept, deferred, Form::Responses, tokens)
+    }
+
+    fn finish_plan(
+        &self,
+        mut kept: Vec<Arc<CanonTool>>,
+        deferred: Vec<Arc<CanonTool>>,
+        form: Form,
+        tokens: &dyn Fn(&str) -> usize,
+    ) -> Option<Plan> {
         if deferred.is_empty() {
             return None;
         }
         let mut h = Xxh3::new();
+        h.update(if form == Form::Chat { b"chat\n" } else { b"resp\n" });
         for t in &deferred {
             h.update(t.json.as_bytes());
             h.update(b"\n");
         }
         let key = h.digest();
-        let set = self.sets.get_with(key, || Arc::new(self.build_set(deferred, tokens)));
+        let set = self.sets.get_with(key, || Arc::new(self.build_set(deferred, form, tokens)));
         kept.push(set.search_tool.clone());
         kept.sort_by(|a, b| a.name.cmp(&b.name).then_with(|| a.json.cmp(&b.json)));
         Some(Plan { kept, set })
     }
 
-    fn build_set(&self, tools: Vec<Arc<CanonTool>>, tokens: &dyn Fn(&str) -> usize) -> DeferredSet {
+    fn build_set(
+        &self,
+        tools: Vec<Arc<CanonTool>>,
+        form: Form,
+        tokens: &dyn Fn(&str) -> usize,
+    ) -> DeferredSet {
         let mut listing = String::new();
         for t in &tools {
             listing.push_str("\n- ");
@@ -128,14 +163,16 @@ impl Deferrer {
              Call it with what you need a tool for (or tool names); the best matches come back \
              as its result. Tools available this way:{listing}"
         );
-        let def = json!({"type": "function", "function": {
-            "name": SEARCH_TOOL,
-            "description": description,
-            "parameters": {"type": "object", "required": ["query"], "properties": {
-                "query": {"type": "string", "description": "What you need a tool for, in a few words, or tool names."},
-                "limit": {"type": "integer", "description": format!("Most tools to load (at most {}).", self.limit)},
-            }},
+        let parameters = json!({"type": "object", "required": ["query"], "properties": {
+            "query": {"type": "string", "description": "What you need a tool for, in a few words, or tool names."},
+            "limit": {"type": "integer", "description": format!("Most tools to load (at most {}).", self.limit)},
         }});
+        let def = match form {
+            Form::Chat => json!({"type": "function", "function": {
+                "name": SEARCH_TOOL, "description": description, "parameters": parameters}}),
+            Form::Responses => json!({"type": "function", "name": SEARCH_TOOL, "description": description,
+                "parameters": parameters}),
+        };
         let search_tool = Arc::new(CanonTool::parse(&def.to_string()).expect("the search tool is an object"));
         let saved_bytes =
             tools.iter().map(|t| t.json.len() + 1).sum::<usize>().saturating_sub(search_tool.json.len());
@@ -204,7 +241,7 @@ mod tests {
         let tools: Vec<_> =
             (0..10).map(|i| tool(&format!("t{i}"), &format!("Does thing {i}. More words."))).collect();
         let d = deferrer(4, &["t3"]);
-        let plan = d.plan(&tools, Some("t7"), &|_| 0).expect("deferred");
+        let plan = d.plan(&tools, Some("t7"), Form::Chat, &|_| 0).expect("deferred");
         let kept: Vec<&str> = plan.kept.iter().map(|t| t.name.as_str()).collect();
         assert_eq!(kept, ["t3", "t7", "tool_search"]);
         assert_eq!(plan.set.tools.len(), 8);
@@ -212,11 +249,17 @@ mod tests {
         assert!(desc.contains("\n- t0: Does thing 0.") && !desc.contains("More words"), "{desc}");
         assert!(plan.set.saved_bytes > 0);
         // The same tool list reuses the built set.
-        assert!(Arc::ptr_eq(&plan.set, &d.plan(&tools, Some("t7"), &|_| 0).expect("deferred").set));
-        assert!(d.plan(&tools[..4], None, &|_| 0).is_none(), "at the threshold nothing is deferred");
+        assert!(Arc::ptr_eq(
+            &plan.set,
+            &d.plan(&tools, Some("t7"), Form::Chat, &|_| 0).expect("deferred").set
+        ));
+        assert!(
+            d.plan(&tools[..4], None, Form::Chat, &|_| 0).is_none(),
+            "at the threshold nothing is deferred"
+        );
         let mut clash = tools.clone();
         clash.push(tool("tool_search", "the client's own"));
-        assert!(d.plan(&clash, None, &|_| 0).is_none());
+        assert!(d.plan(&clash, None, Form::Chat, &|_| 0).is_none());
     }
 
     #[test]

@@ -12,7 +12,7 @@ use std::sync::Arc;
 use serde::Deserialize;
 use serde_json::{json, Map, Value};
 
-use super::{result_text, DeferredSet, SEARCH_TOOL};
+use super::{result_text, DeferredSet, Form, SEARCH_TOOL};
 use crate::canon::json;
 
 /// What a request needs to answer its searches.
@@ -21,8 +21,12 @@ pub struct SearchPlan {
     pub set: Arc<DeferredSet>,
     pub limit: usize,
     pub max_rounds: usize,
-    /// Byte offset of the `]` that closes the body's `messages`.
+    /// Byte offset of the `]` that closes the body's `messages` (Responses: `input`).
     pub messages_end: usize,
+    pub form: Form,
+    /// Responses API, the client's own `tool_search`: its searches show in the output as
+    /// `tool_search_call` / `tool_search_output` items.
+    pub native: bool,
 }
 
 /// One `tool_search` call of the model.
@@ -46,6 +50,8 @@ pub struct Answer {
     pub messages: Vec<String>,
     pub loaded: usize,
     pub empty_searches: usize,
+    /// Responses native form: the `tool_search_call` and `tool_search_output` items to show.
+    pub shown: Vec<Value>,
 }
 
 impl SearchPlan {
@@ -56,9 +62,21 @@ impl SearchPlan {
             .iter()
             .map(|c| json!({"id": c.id, "type": "function", "function": {"name": SEARCH_TOOL, "arguments": c.arguments}}))
             .collect();
-        let mut messages =
+        let messages =
             vec![json!({"role": "assistant", "content": content, "tool_calls": tool_calls}).to_string()];
+        self.results(messages, calls)
+    }
+
+    /// Responses: the model's output items of the round, then one `function_call_output` per
+    /// search call.
+    pub fn answer_items(&self, output: &[Value], calls: &[SearchCall]) -> Answer {
+        let items = output.iter().map(Value::to_string).collect();
+        self.results(items, calls)
+    }
+
+    fn results(&self, mut messages: Vec<String>, calls: &[SearchCall]) -> Answer {
         let (mut loaded, mut empty) = (0, 0);
+        let mut shown = Vec::new();
         for c in calls {
             let args: Args = serde_json::from_str(&c.arguments)
                 .unwrap_or_else(|_| Args { query: c.arguments.clone(), limit: None });
@@ -66,12 +84,26 @@ impl SearchPlan {
             let found = self.set.search(&args.query, limit);
             loaded += found.len();
             empty += usize::from(found.is_empty());
-            messages.push(
-                json!({"role": "tool", "tool_call_id": c.id, "content": result_text(&args.query, &found)})
-                    .to_string(),
-            );
+            let text = result_text(&args.query, &found);
+            messages.push(match self.form {
+                Form::Chat => json!({"role": "tool", "tool_call_id": c.id, "content": text}).to_string(),
+                Form::Responses => {
+                    json!({"type": "function_call_output", "call_id": c.id, "output": text}).to_string()
+                }
+            });
+            if self.native {
+                let defs: Vec<Value> =
+                    found.iter().filter_map(|t| serde_json::from_str(&t.json).ok()).collect();
+                shown
+                    .push(json!({"type": "tool_search_call", "id": format!("tsc_{}", c.id), "call_id": c.id,
+                    "status": "completed", "arguments": {"query": args.query, "limit": limit}}));
+                shown.push(
+                    json!({"type": "tool_search_output", "id": format!("tso_{}", c.id), "call_id": c.id,
+                    "status": "completed", "tools": defs}),
+                );
+            }
         }
-        Answer { messages, loaded, empty_searches: empty }
+        Answer { messages, loaded, empty_searches: empty, shown }
     }
 
     /// The next request: `body` with `messages` appended to its `messages` list; the plan's
@@ -115,9 +147,36 @@ pub fn search_calls(resp: &Value) -> Option<(Option<String>, Vec<SearchCall>)> {
     (!search.is_empty()).then_some((content, search))
 }
 
+/// Responses: the round's output items and its search calls, when the model made search calls
+/// and no other function calls.
+pub fn search_items(resp: &Value) -> Option<(Vec<Value>, Vec<SearchCall>)> {
+    let output = resp.get("output")?.as_array()?;
+    let mut search = Vec::new();
+    for item in output {
+        if item.get("type").and_then(Value::as_str) != Some("function_call") {
+            continue;
+        }
+        if item.get("name").and_then(Value::as_str) != Some(SEARCH_TOOL) {
+            return None;
+        }
+        search.push(SearchCall {
+            id: item.get("call_id").and_then(Value::as_str).unwrap_or("").to_owned(),
+            arguments: item.get("arguments").and_then(Value::as_str).unwrap_or("{}").to_owned(),
+        });
+    }
+    (!search.is_empty()).then(|| (output.clone(), search))
+}
+
 /// Takes the search calls out of a whole response (search rounds used up); a turn left with no
 /// call ends as a plain answer.
 pub fn strip_searches(resp: &mut Value) {
+    if let Some(output) = resp.get_mut("output").and_then(Value::as_array_mut) {
+        output.retain(|i| {
+            i.get("type").and_then(Value::as_str) != Some("function_call")
+                || i.get("name").and_then(Value::as_str) != Some(SEARCH_TOOL)
+        });
+        return;
+    }
     let Some(choices) = resp.get_mut("choices").and_then(Value::as_array_mut) else { return };
     for c in choices {
         let Some(msg) = c.get_mut("message").and_then(Value::as_object_mut) else { continue };
@@ -138,25 +197,43 @@ pub fn add_usage(total: &mut Option<Value>, more: Option<&Value>) {
         *total = Some(more.clone());
         return;
     };
-    for key in ["prompt_tokens", "completion_tokens", "total_tokens"] {
+    // Chat Completions' names and the Responses API's.
+    for key in ["prompt_tokens", "completion_tokens", "total_tokens", "input_tokens", "output_tokens"] {
+        if t.get(key).is_none() && more.get(key).is_none() {
+            continue;
+        }
         let sum = t.get(key).and_then(Value::as_u64).unwrap_or(0)
             + more.get(key).and_then(Value::as_u64).unwrap_or(0);
         t[key] = json!(sum);
     }
-    let cached = |u: &Value| u.pointer("/prompt_tokens_details/cached_tokens").and_then(Value::as_u64);
-    if let Some(c) = cached(more) {
-        let sum = cached(t).unwrap_or(0) + c;
-        match t.get_mut("prompt_tokens_details").and_then(Value::as_object_mut) {
-            Some(d) => {
-                d.insert("cached_tokens".to_owned(), json!(sum));
+    for details in ["prompt_tokens_details", "input_tokens_details"] {
+        let cached = |u: &Value| u.get(details).and_then(|d| d.get("cached_tokens")).and_then(Value::as_u64);
+        if let Some(c) = cached(more) {
+            let sum = cached(t).unwrap_or(0) + c;
+            match t.get_mut(details).and_then(Value::as_object_mut) {
+                Some(d) => {
+                    d.insert("cached_tokens".to_owned(), json!(sum));
+                }
+                None => t[details] = json!({ "cached_tokens": sum }),
             }
-            None => t["prompt_tokens_details"] = json!({"cached_tokens": sum}),
         }
     }
 }
 
 /// A whole response for the client: the last round's, with every round's usage.
 pub fn final_response(mut resp: Value, earlier: Option<Value>) -> Vec<u8> {
+    final_value(&mut resp, earlier, Vec::new());
+    resp.to_string().into_bytes()
+}
+
+/// The last round's response with every round's usage and, first in its `output`, the items
+/// the searches show (Responses native form).
+pub fn final_value(resp: &mut Value, earlier: Option<Value>, shown: Vec<Value>) {
+    if !shown.is_empty() {
+        if let Some(out) = resp.get_mut("output").and_then(Value::as_array_mut) {
+            out.splice(0..0, shown);
+        }
+    }
     if earlier.is_some() {
         let mut total = earlier;
         add_usage(&mut total, resp.get("usage"));
@@ -164,7 +241,6 @@ pub fn final_response(mut resp: Value, earlier: Option<Value>) -> Vec<u8> {
             resp["usage"] = u;
         }
     }
-    resp.to_string().into_bytes()
 }
 
 /// One streamed round's state: which upstream tool-call indexes are searches, which are real
@@ -403,8 +479,15 @@ mod tests {
             .collect();
         let d =
             Deferrer::new(&ToolsConfig { defer: true, threshold: 1, ..ToolsConfig::default() }).expect("on");
-        let p = d.plan(&tools, None, &|_| 0).expect("deferred");
-        SearchPlan { set: p.set, limit: 2, max_rounds: 3, messages_end: 0 }
+        let p = d.plan(&tools, None, crate::tools::Form::Chat, &|_| 0).expect("deferred");
+        SearchPlan {
+            set: p.set,
+            limit: 2,
+            max_rounds: 3,
+            messages_end: 0,
+            form: crate::tools::Form::Chat,
+            native: false,
+        }
     }
 
     #[test]

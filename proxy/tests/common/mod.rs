@@ -408,6 +408,43 @@ pub struct Scripted {
 }
 
 impl Scripted {
+    /// Answers each request with the JSON `reply(body)` returns (status 200).
+    pub fn start_with(reply: impl Fn(&[u8]) -> serde_json::Value + Send + Sync + 'static) -> Scripted {
+        let listener = TcpListener::bind("127.0.0.1:0").expect("bind");
+        let addr = listener.local_addr().expect("addr");
+        let bodies = Arc::new(Mutex::new(Vec::new()));
+        let heads = Arc::new(Mutex::new(Vec::new()));
+        let (b2, h2) = (bodies.clone(), heads.clone());
+        let reply = Arc::new(reply);
+        std::thread::spawn(move || {
+            for conn in listener.incoming() {
+                let Ok(mut conn) = conn else { continue };
+                let (b3, h3, reply) = (b2.clone(), h2.clone(), reply.clone());
+                std::thread::spawn(move || loop {
+                    let Some((head, body)) = read_request(&mut conn) else { return };
+                    let out = if head.starts_with("GET ") {
+                        b"HTTP/1.1 200 OK\r\ncontent-length: 0\r\n\r\n".to_vec()
+                    } else {
+                        let json = reply(&body).to_string();
+                        h3.lock().expect("lock").push(head);
+                        b3.lock().expect("lock").push(body);
+                        let mut o = format!(
+                            "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n",
+                            json.len()
+                        )
+                        .into_bytes();
+                        o.extend_from_slice(json.as_bytes());
+                        o
+                    };
+                    if conn.write_all(&out).is_err() {
+                        return;
+                    }
+                });
+            }
+        });
+        Scripted { addr, bodies, heads }
+    }
+
     pub fn start(reply_head: &'static str, reply_body: Vec<u8>) -> Scripted {
         let listener = TcpListener::bind("127.0.0.1:0").expect("bind");
         let addr = listener.local_addr().expect("addr");
