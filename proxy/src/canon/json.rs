@@ -15,36 +15,11 @@ pub fn canonical(raw: &str) -> Result<String, serde_json::Error> {
 /// `raw` (valid JSON) without whitespace outside strings, key order and spelling kept;
 /// borrowed when there was none.
 pub fn minify(raw: &str) -> Cow<'_, str> {
-    let b = raw.as_bytes();
-    let mut in_str = false;
-    let mut escaped = false;
-    let first_ws = b.iter().position(|&c| {
-        if in_str {
-            match (escaped, c) {
-                (true, _) => escaped = false,
-                (false, b'\\') => escaped = true,
-                (false, b'"') => in_str = false,
-                _ => {}
-            }
-            false
-        } else {
-            match c {
-                b'"' => {
-                    in_str = true;
-                    false
-                }
-                b' ' | b'\n' | b'\r' | b'\t' => true,
-                _ => false,
-            }
-        }
-    });
-    let Some(start) = first_ws else { return Cow::Borrowed(raw) };
-    let mut out = String::with_capacity(raw.len());
-    out.push_str(&raw[..start]);
-    // `start` is outside any string.
+    let mut out: Option<String> = None;
     let (mut in_str, mut escaped) = (false, false);
-    let mut run_start = start;
-    for (i, &c) in b.iter().enumerate().skip(start) {
+    // Start of the run of bytes not yet copied (only once `out` exists).
+    let mut run = 0;
+    for (i, &c) in raw.as_bytes().iter().enumerate() {
         if in_str {
             match (escaped, c) {
                 (true, _) => escaped = false,
@@ -53,14 +28,19 @@ pub fn minify(raw: &str) -> Cow<'_, str> {
                 _ => {}
             }
         } else if matches!(c, b' ' | b'\n' | b'\r' | b'\t') {
-            out.push_str(&raw[run_start..i]);
-            run_start = i + 1;
+            out.get_or_insert_with(|| String::with_capacity(raw.len())).push_str(&raw[run..i]);
+            run = i + 1;
         } else if c == b'"' {
             in_str = true;
         }
     }
-    out.push_str(&raw[run_start..]);
-    Cow::Owned(out)
+    match out {
+        None => Cow::Borrowed(raw),
+        Some(mut o) => {
+            o.push_str(&raw[run..]);
+            Cow::Owned(o)
+        }
+    }
 }
 
 /// `s` as a JSON string literal.

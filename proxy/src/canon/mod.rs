@@ -13,6 +13,7 @@
 //! Everything here is a pure function of the request and the pool's policy (the caches only
 //! save work), and canonicalizing a canonical request changes nothing.
 
+mod items;
 pub mod json;
 pub mod render;
 pub mod tools;
@@ -32,6 +33,8 @@ use crate::config::{CanonConfig, NoteRole, TokenizerKind, ToolsConfig};
 use crate::http::request::{ContentView, LlmRequest, LlmRoute, MessageView, Str};
 use crate::tools::search::{self, SearchPlan};
 use crate::tools::{DeferredSet, Deferrer, Form, SEARCH_TOOL};
+pub use items::text_of;
+use items::{input_items, render_item};
 pub use render::{Blocks, Encoder, Lookups, TokenCache};
 use tools::{CanonTool, ToolCache};
 use volatile::Volatile;
@@ -333,26 +336,25 @@ impl Canon {
         };
         // The input as items, where warmpath changes it: native search items translated into
         // function calls the backend knows, searches put back before calls to deferred tools.
+        let mut reinserted = 0;
         let rebuilt: Option<Vec<String>> = (plan.is_some() || hosted).then(|| {
             let set = plan.as_ref().map(|p| p.set.as_ref());
             match (&items, req.content) {
-                (Some(items), _) => input_items(items, set, &mut edits),
-                (None, Some(c)) => {
-                    vec![format!("{{\"role\":\"user\",\"content\":{}}}", json::minify(c.get()))]
+                (Some(items), _) => {
+                    let (out, n) = input_items(items, set);
+                    reinserted = n;
+                    out
                 }
+                (None, Some(c)) => vec![user_item(c)],
                 (None, None) => Vec::new(),
             }
         });
-        if let (Some(p), Some(d)) = (&plan, edits.deferred.as_mut()) {
-            d.tools = p.set.tools.len();
-            d.saved_bytes = p.set.saved_bytes;
-            d.saved_tokens = p.set.saved_tokens;
-        } else if let Some(p) = &plan {
+        if let Some(p) = &plan {
             edits.deferred = Some(Deferred {
                 tools: p.set.tools.len(),
                 saved_bytes: p.set.saved_bytes,
                 saved_tokens: p.set.saved_tokens,
-                reinserted: 0,
+                reinserted,
             });
         }
 
@@ -399,10 +401,7 @@ impl Canon {
                 (None, Some(_), Some(items), _) => {
                     Some(items.iter().map(|i| json::minify(i.get())).collect())
                 }
-                (None, Some(_), None, Some(c)) => Some(vec![Cow::Owned(format!(
-                    "{{\"role\":\"user\",\"content\":{}}}",
-                    json::minify(c.get())
-                ))]),
+                (None, Some(_), None, Some(c)) => Some(vec![Cow::Owned(user_item(c))]),
                 (None, Some(_), None, None) => Some(Vec::new()),
                 (None, None, _, _) => None,
             };
@@ -489,84 +488,6 @@ fn named_tool(req: &LlmRequest<'_>) -> Option<String> {
     v.pointer("/function/name").or_else(|| v.get("name")).and_then(Value::as_str).map(str::to_owned)
 }
 
-/// Responses input items as sent on: the client's `tool_search_call` / `tool_search_output`
-/// items (the native form, echoed back) become the function call and result the backend
-/// knows; before the first call to a deferred tool not loaded yet, a search for it and its
-/// result go in.
-fn input_items(items: &[&RawValue], set: Option<&DeferredSet>, edits: &mut Edits) -> Vec<String> {
-    #[derive(Deserialize)]
-    struct Item<'a> {
-        #[serde(borrow, rename = "type", default)]
-        kind: Option<Str<'a>>,
-        #[serde(borrow, default)]
-        name: Option<Str<'a>>,
-        #[serde(borrow, default)]
-        call_id: Option<Str<'a>>,
-        #[serde(borrow, default)]
-        arguments: Option<&'a RawValue>,
-        #[serde(borrow, default)]
-        tools: Option<Vec<&'a RawValue>>,
-    }
-    let mut loaded = std::collections::HashSet::new();
-    let mut out = Vec::with_capacity(items.len());
-    let mut reinserted = 0;
-    for raw in items {
-        let Ok(item) = serde_json::from_str::<Item<'_>>(raw.get()) else {
-            out.push(json::minify(raw.get()).into_owned());
-            continue;
-        };
-        let call_id = item.call_id.as_ref().map_or("", |s| s.0.as_ref());
-        match item.kind.as_ref().map(|k| k.0.as_ref()) {
-            Some("tool_search_call") => {
-                let args = match item.arguments.map(RawValue::get) {
-                    Some(a) if a.starts_with('"') => serde_json::from_str::<String>(a).unwrap_or_default(),
-                    Some(a) => json::minify(a).into_owned(),
-                    None => "{}".to_owned(),
-                };
-                out.push(serde_json::json!({"type": "function_call", "call_id": call_id, "name": SEARCH_TOOL, "arguments": args}).to_string());
-            }
-            Some("tool_search_output") => {
-                let defs: Vec<Arc<CanonTool>> = item
-                    .tools
-                    .iter()
-                    .flatten()
-                    .filter_map(|t| CanonTool::parse(t.get()).ok().map(Arc::new))
-                    .collect();
-                defs.iter().for_each(|t| {
-                    loaded.insert(t.name.clone());
-                });
-                let refs: Vec<&Arc<CanonTool>> = defs.iter().collect();
-                let text = crate::tools::result_text("", &refs);
-                out.push(
-                    serde_json::json!({"type": "function_call_output", "call_id": call_id, "output": text})
-                        .to_string(),
-                );
-            }
-            Some("function_call") => {
-                let name = item.name.as_ref().map_or("", |s| s.0.as_ref());
-                if let Some(t) = set.and_then(|s| s.get(name)).filter(|t| !loaded.contains(&t.name)) {
-                    loaded.insert(t.name.clone());
-                    let id = format!("ts_{call_id}");
-                    let args = serde_json::json!({ "query": t.name }).to_string();
-                    out.push(serde_json::json!({"type": "function_call", "call_id": id, "name": SEARCH_TOOL, "arguments": args}).to_string());
-                    let text = crate::tools::result_text(&t.name, &[t]);
-                    out.push(
-                        serde_json::json!({"type": "function_call_output", "call_id": id, "output": text})
-                            .to_string(),
-                    );
-                    reinserted += 1;
-                }
-                out.push(json::minify(raw.get()).into_owned());
-            }
-            _ => out.push(json::minify(raw.get()).into_owned()),
-        }
-    }
-    if reinserted > 0 {
-        edits.deferred = Some(Deferred { tools: 0, saved_bytes: 0, saved_tokens: 0, reinserted });
-    }
-    out
-}
-
 /// A search put back into the history: before the assistant message that first calls deferred
 /// tools, a `tool_search` call for them and its result, so that the model sees the definitions
 /// of the tools it uses.
@@ -578,26 +499,35 @@ struct Reinsert {
     result: String,
 }
 
+/// One call of an assistant message's `tool_calls`, read leniently.
+#[derive(Deserialize)]
+struct CallView<'a> {
+    #[serde(borrow, default)]
+    id: Option<Str<'a>>,
+    #[serde(borrow)]
+    function: FunctionView<'a>,
+}
+
+#[derive(Deserialize)]
+struct FunctionView<'a> {
+    #[serde(borrow)]
+    name: Str<'a>,
+    #[serde(borrow, default)]
+    arguments: Option<Str<'a>>,
+}
+
+/// A message's tool calls; none when they do not parse.
+fn calls_of<'a>(m: &MessageView<'a>) -> Vec<CallView<'a>> {
+    m.tool_calls.and_then(|r| serde_json::from_str(r.get()).ok()).unwrap_or_default()
+}
+
 /// Per message, the search to put before it.
 fn reinserts(set: &DeferredSet, messages: &[MessageView<'_>]) -> Vec<Option<Reinsert>> {
-    #[derive(Deserialize)]
-    struct Call<'a> {
-        #[serde(borrow, default)]
-        id: Option<Str<'a>>,
-        #[serde(borrow)]
-        function: Named<'a>,
-    }
-    #[derive(Deserialize)]
-    struct Named<'a> {
-        #[serde(borrow)]
-        name: Str<'a>,
-    }
     let mut loaded = std::collections::HashSet::new();
     messages
         .iter()
         .map(|m| {
-            let calls: Vec<Call<'_>> =
-                m.tool_calls.and_then(|r| serde_json::from_str(r.get()).ok()).unwrap_or_default();
+            let calls = calls_of(m);
             let mut missing: Vec<&Arc<CanonTool>> = Vec::new();
             for c in &calls {
                 if let Some(t) = set.get(&c.function.name.0) {
@@ -627,11 +557,6 @@ fn salt_of(req: &LlmRequest<'_>) -> Option<String> {
     req.extra_str("cache_salt").map(Cow::into_owned)
 }
 
-/// The text of a raw content value (Responses items), as [`ContentView::text`] reads it.
-pub fn text_of<'a>(raw: Option<&'a RawValue>) -> Option<Cow<'a, str>> {
-    serde_json::from_str::<ContentView<'a>>(raw?.get()).ok()?.text()
-}
-
 /// One chat message into the prompt, the way the bundled template renders it.
 fn render_message(b: &mut PromptBuilder, m: &MessageView<'_>) {
     let text = m.content.as_ref().and_then(ContentView::text).unwrap_or_default();
@@ -639,64 +564,13 @@ fn render_message(b: &mut PromptBuilder, m: &MessageView<'_>) {
         b.tool_result(m.tool_call_id.as_ref().map_or("", |s| s.0.as_ref()), &text);
         return;
     }
-    #[derive(Deserialize)]
-    struct Call<'a> {
-        #[serde(borrow)]
-        function: Function<'a>,
-    }
-    #[derive(Deserialize)]
-    struct Function<'a> {
-        #[serde(borrow)]
-        name: Str<'a>,
-        #[serde(borrow, default)]
-        arguments: Option<Str<'a>>,
-    }
-    let calls: Vec<Call<'_>> =
-        m.tool_calls.and_then(|r| serde_json::from_str(r.get()).ok()).unwrap_or_default();
-    let calls: Vec<String> = calls
+    let calls: Vec<String> = calls_of(m)
         .iter()
         .map(|c| {
             tool_call_text(&c.function.name.0, c.function.arguments.as_ref().map_or("", |a| a.0.as_ref()))
         })
         .collect();
     b.turn(&m.role.0, &text, calls.iter().map(String::as_str));
-}
-
-/// One Responses input item into the prompt: messages as turns, function calls and their
-/// outputs as tool calls and results.
-fn render_item(b: &mut PromptBuilder, raw: &RawValue) {
-    #[derive(Deserialize)]
-    struct Item<'a> {
-        #[serde(borrow, rename = "type", default)]
-        kind: Option<Str<'a>>,
-        #[serde(borrow, default)]
-        role: Option<Str<'a>>,
-        #[serde(borrow, default)]
-        content: Option<&'a RawValue>,
-        #[serde(borrow, default)]
-        name: Option<Str<'a>>,
-        #[serde(borrow, default)]
-        arguments: Option<Str<'a>>,
-        #[serde(borrow, default)]
-        call_id: Option<Str<'a>>,
-        #[serde(borrow, default)]
-        output: Option<&'a RawValue>,
-    }
-    let Ok(item) = serde_json::from_str::<Item<'_>>(raw.get()) else { return };
-    let s = |v: &Option<Str<'_>>| v.as_ref().map(|s| s.0.to_string()).unwrap_or_default();
-    match item.kind.as_ref().map(|k| k.0.as_ref()) {
-        Some("function_call") => {
-            let call = tool_call_text(&s(&item.name), &s(&item.arguments));
-            b.turn("assistant", "", [call.as_str()]);
-        }
-        Some("function_call_output") => {
-            b.tool_result(&s(&item.call_id), &text_of(item.output).unwrap_or_default());
-        }
-        _ => {
-            let role = item.role.as_ref().map_or("user", |r| r.0.as_ref());
-            b.turn(role, &text_of(item.content).unwrap_or_default(), []);
-        }
-    }
 }
 
 /// A message object with its `content` replaced by `text`; its other fields kept.
@@ -708,6 +582,11 @@ fn with_content(raw: &str, text: &str) -> String {
         }
         Err(_) => json::minify(raw).into_owned(),
     }
+}
+
+/// A string `input` as the one user message item it stands for.
+fn user_item(content: &RawValue) -> String {
+    format!("{{\"role\":\"user\",\"content\":{}}}", json::minify(content.get()))
 }
 
 fn note_message(role: &str, text: &str) -> String {

@@ -46,10 +46,6 @@ pub enum Encoder {
 }
 
 impl Encoder {
-    pub fn tokenized(&self) -> bool {
-        matches!(self, Encoder::Tokens { .. })
-    }
-
     /// Blocks of a prompt given as its stable part and the rest.
     pub fn blocks(&self, stable: &[Piece], rest: &[Piece], salt: Option<&str>) -> Blocks {
         self.blocks_counted(stable, rest, salt, &mut Lookups::default())

@@ -37,7 +37,7 @@ pub(super) struct Rounds<'a> {
     pub backend: &'a Arc<Backend>,
     pub template: &'a Template,
     pub plan: SearchPlan,
-    pub body: Vec<u8>,
+    pub body: Bytes,
     pub done: usize,
     /// Responses native form: the search items the client is shown.
     pub shown: Vec<Value>,
@@ -65,7 +65,7 @@ impl Rounds<'_> {
             Turn::Items(items) => self.plan.answer_items(items, calls),
         };
         self.shown.append(&mut answer.shown);
-        self.body = self.plan.follow_up(&self.body, &answer.messages);
+        self.body = Bytes::from(self.plan.follow_up(&self.body, &answer.messages));
         let m = &self.state.metrics;
         let pool = self.pool.name.as_str();
         m.tool_search_duration.with_label_values(&[pool]).observe(t.elapsed().as_secs_f64());
@@ -77,7 +77,7 @@ impl Rounds<'_> {
         self.done += 1;
         let (mut up, _) = self.state.upstream.connect(self.backend).await.map_err(|e| e.to_string())?;
         let req = build_request(self.template, self.backend, self.body.len()).map_err(|e| e.to_string())?;
-        match send(&mut up, req, &Bytes::from(self.body.clone()), session).await {
+        match send(&mut up, req, &self.body, session).await {
             Ok(Sent::Header) => {}
             Ok(Sent::ClientGone) => return Ok(None),
             Err(e) => return Err(e.to_string()),

@@ -346,7 +346,7 @@ async fn try_backend(
             backend,
             template,
             plan: plan.clone(),
-            body: body.to_vec(),
+            body: body.clone(),
             done: 0,
             shown: Vec::new(),
         };

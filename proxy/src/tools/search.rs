@@ -220,12 +220,6 @@ pub fn add_usage(total: &mut Option<Value>, more: Option<&Value>) {
     }
 }
 
-/// A whole response for the client: the last round's, with every round's usage.
-pub fn final_response(mut resp: Value, earlier: Option<Value>) -> Vec<u8> {
-    final_value(&mut resp, earlier, Vec::new());
-    resp.to_string().into_bytes()
-}
-
 /// The last round's response with every round's usage and, first in its `output`, the items
 /// the searches show (Responses native form).
 pub fn final_value(resp: &mut Value, earlier: Option<Value>, shown: Vec<Value>) {
