@@ -6,14 +6,16 @@
 //! bytes come first, so any byte string still encodes. 32,000 ids match the llama2.c model
 //! shapes the engine uses, so a token id is always a valid row of the embedding table.
 
-use std::collections::HashSet;
+mod hf;
+
+use std::collections::HashMap;
 use std::sync::{Arc, OnceLock};
 
 use tiktoken_rs::{CoreBPE, Rank};
 
-/// Number of ids, special tokens included.
+/// Number of `wp32k` ids, special tokens included.
 pub const VOCAB_SIZE: usize = 32_000;
-/// Number of ordinary (BPE) ids; special tokens follow them.
+/// Number of ordinary (BPE) ids of `wp32k`; special tokens follow them.
 const BPE_RANKS: u32 = 31_992;
 
 /// Begin of sequence.
@@ -28,20 +30,43 @@ pub const IM_END: &str = "<|im_end|>";
 const SPECIALS: [&str; 8] =
     [BOS, EOS, IM_START, IM_END, "<|reserved_0|>", "<|reserved_1|>", "<|reserved_2|>", "<|reserved_3|>"];
 
-/// Errors of encoding or decoding.
+/// Errors of loading, encoding or decoding.
 #[derive(Debug, thiserror::Error)]
 pub enum TokenizerError {
-    #[error("token id {0} is outside the vocabulary (size {VOCAB_SIZE})")]
+    #[error("token id {0} is outside the vocabulary")]
     UnknownId(u32),
     #[error("building the tokenizer failed: {0}")]
     Build(String),
+    #[error("{0}")]
+    Unsupported(String),
 }
 
-/// A cheap-to-clone handle on the shared `wp32k` tokenizer.
+/// A cheap-to-clone handle on a byte-level BPE tokenizer: the built-in `wp32k`, or one loaded
+/// from a Hugging Face `tokenizer.json` ([`Tokenizer::from_file`]).
 #[derive(Clone)]
 pub struct Tokenizer {
-    bpe: Arc<CoreBPE>,
-    specials: Arc<HashSet<&'static str>>,
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    name: String,
+    /// BPE over ranks; its special-token table is used for decoding only.
+    bpe: CoreBPE,
+    /// Special (added) tokens and their ids, longest first so the longest match wins.
+    specials: Vec<(String, u32)>,
+    /// Ids of `specials`, sorted.
+    special_ids: Vec<u32>,
+    /// First bytes of the special tokens: a quick test before matching.
+    special_starts: [bool; 256],
+    /// Rank → id where the file's ids are not the BPE ranks (`wp32k`: they are).
+    ids: Option<Vec<u32>>,
+    /// Id → rank, the inverse of `ids`.
+    ranks: Option<HashMap<u32, Rank>>,
+    vocab_size: usize,
+    /// Unicode NFC before splitting (the file's normalizer).
+    nfc: bool,
+    /// The pre-tokenizer always splits after a newline followed by a non-space (see [`chunks`]).
+    splits_lines: bool,
 }
 
 impl std::fmt::Debug for Tokenizer {
@@ -57,6 +82,19 @@ impl Tokenizer {
         CELL.get_or_init(|| Self::build().expect("the embedded cl100k table always loads")).clone()
     }
 
+    /// Loads a Hugging Face `tokenizer.json` of a byte-level BPE model (GPT-2, Llama 3, Qwen 2,
+    /// Mistral's tekken and most current models); see the `hf` module for what is accepted.
+    pub fn from_file(path: &std::path::Path) -> Result<Tokenizer, TokenizerError> {
+        let text = std::fs::read_to_string(path)
+            .map_err(|e| TokenizerError::Build(format!("cannot read {}: {e}", path.display())))?;
+        Self::from_json(&path.display().to_string(), &text)
+    }
+
+    /// [`Tokenizer::from_file`] on the file's text; `name` names it in logs.
+    pub fn from_json(name: &str, json: &str) -> Result<Tokenizer, TokenizerError> {
+        hf::load(name, json)
+    }
+
     fn build() -> Result<Tokenizer, TokenizerError> {
         let full = tiktoken_rs::cl100k_base().map_err(|e| TokenizerError::Build(e.to_string()))?;
         let mut encoder = std::collections::HashMap::default();
@@ -70,53 +108,170 @@ impl Tokenizer {
                 return Err(TokenizerError::Build(format!("byte {b} has no token")));
             }
         }
-        let mut special = std::collections::HashMap::default();
-        for (i, s) in SPECIALS.iter().enumerate() {
-            special.insert(s.to_string(), BPE_RANKS + i as u32);
+        let specials: Vec<(String, u32)> =
+            SPECIALS.iter().enumerate().map(|(i, s)| (s.to_string(), BPE_RANKS + i as u32)).collect();
+        Parts {
+            name: "wp32k".into(),
+            encoder,
+            specials,
+            ids: None,
+            vocab_size: VOCAB_SIZE,
+            pattern: CL100K_PATTERN,
+            nfc: false,
+            splits_lines: true,
         }
-        let bpe = CoreBPE::new(encoder, special, CL100K_PATTERN)
-            .map_err(|e| TokenizerError::Build(e.to_string()))?;
-        Ok(Tokenizer { bpe: Arc::new(bpe), specials: Arc::new(SPECIALS.into_iter().collect()) })
+        .assemble()
     }
 
-    pub fn name(&self) -> &'static str {
-        "wp32k"
+    pub fn name(&self) -> &str {
+        &self.inner.name
     }
 
     pub fn vocab_size(&self) -> usize {
-        VOCAB_SIZE
+        self.inner.vocab_size
+    }
+
+    /// Whether [`chunks`] may cut text for this tokenizer: its pre-tokenizer always splits
+    /// after a newline that a non-space follows (true of `wp32k` and of the GPT-2, cl100k /
+    /// Llama 3 and Qwen 2 patterns; false for any other pattern, which is then encoded whole).
+    pub fn splits_lines(&self) -> bool {
+        self.inner.splits_lines
     }
 
     /// Encodes text in which special-token strings are plain text (user content).
     pub fn encode(&self, text: &str) -> Vec<u32> {
-        self.bpe.encode_ordinary(text)
+        let i = &self.inner;
+        let mut ranks = if i.nfc && !text.is_ascii() {
+            use unicode_normalization::UnicodeNormalization;
+            i.bpe.encode_ordinary(&text.nfc().collect::<String>())
+        } else {
+            i.bpe.encode_ordinary(text)
+        };
+        if let Some(ids) = &i.ids {
+            for r in &mut ranks {
+                *r = ids[*r as usize];
+            }
+        }
+        ranks
     }
 
-    /// Encodes text in which special-token strings are the special tokens (rendered templates).
+    /// Encodes text in which special-token strings are the special tokens (rendered
+    /// templates): each leftmost, longest special is its id, the text between is [`encode`]d.
+    ///
+    /// [`encode`]: Tokenizer::encode
     pub fn encode_with_special(&self, text: &str) -> Vec<u32> {
-        self.bpe.encode(text, &self.specials).map(|(ids, _)| ids).unwrap_or_else(|_| self.encode(text))
+        let i = &self.inner;
+        let bytes = text.as_bytes();
+        let mut out = Vec::new();
+        let (mut from, mut at) = (0, 0);
+        while at < bytes.len() {
+            if i.special_starts[bytes[at] as usize] {
+                if let Some((s, id)) = i.specials.iter().find(|(s, _)| bytes[at..].starts_with(s.as_bytes()))
+                {
+                    if from < at {
+                        out.extend(self.encode(&text[from..at]));
+                    }
+                    out.push(*id);
+                    at += s.len();
+                    from = at;
+                    continue;
+                }
+            }
+            at += 1;
+        }
+        if from < bytes.len() {
+            out.extend(self.encode(&text[from..]));
+        }
+        out
     }
 
     /// The id of a special token such as [`EOS`].
     pub fn special_id(&self, token: &str) -> Option<u32> {
-        SPECIALS.iter().position(|s| *s == token).map(|i| BPE_RANKS + i as u32)
+        self.inner.specials.iter().find(|(s, _)| s == token).map(|(_, id)| *id)
     }
 
     pub fn is_special(&self, id: u32) -> bool {
-        (BPE_RANKS..VOCAB_SIZE as u32).contains(&id)
+        self.inner.special_ids.binary_search(&id).is_ok()
     }
 
     /// The bytes of `ids` (special tokens as their strings).
     pub fn decode_bytes(&self, ids: &[u32]) -> Result<Vec<u8>, TokenizerError> {
-        if let Some(bad) = ids.iter().find(|&&id| id as usize >= VOCAB_SIZE) {
+        let i = &self.inner;
+        if let Some(bad) = ids.iter().find(|&&id| id as usize >= i.vocab_size) {
             return Err(TokenizerError::UnknownId(*bad));
         }
-        self.bpe.decode_bytes(ids as &[Rank]).map_err(|e| TokenizerError::UnknownId(e.token))
+        match &i.ranks {
+            None => i.bpe.decode_bytes(ids as &[Rank]).map_err(|e| TokenizerError::UnknownId(e.token)),
+            Some(ranks) => {
+                let rs: Vec<Rank> = ids
+                    .iter()
+                    .map(|id| ranks.get(id).copied().ok_or(TokenizerError::UnknownId(*id)))
+                    .collect::<Result<_, _>>()?;
+                i.bpe.decode_bytes(&rs).map_err(|e| TokenizerError::UnknownId(e.token))
+            }
+        }
     }
 
     /// Text of `ids`; invalid UTF-8 (a multi-byte character cut between ids) becomes U+FFFD.
     pub fn decode(&self, ids: &[u32]) -> Result<String, TokenizerError> {
         Ok(String::from_utf8_lossy(&self.decode_bytes(ids)?).into_owned())
+    }
+}
+
+/// What a tokenizer is made of, before it is assembled.
+struct Parts<'a> {
+    name: String,
+    /// Ordinary token bytes → rank (merge order: a merge only yields a higher rank).
+    encoder: std::collections::HashMap<Vec<u8>, Rank>,
+    /// Special tokens → id.
+    specials: Vec<(String, u32)>,
+    /// Rank → id; `None` when they are equal. Special tokens take the ranks after the
+    /// ordinary ones, in `specials` order.
+    ids: Option<Vec<u32>>,
+    vocab_size: usize,
+    pattern: &'a str,
+    nfc: bool,
+    splits_lines: bool,
+}
+
+impl Parts<'_> {
+    fn assemble(self) -> Result<Tokenizer, TokenizerError> {
+        let ordinary = self.encoder.len() as Rank;
+        let special_encoder = self
+            .specials
+            .iter()
+            .enumerate()
+            .map(|(k, (s, id))| (s.clone(), if self.ids.is_some() { ordinary + k as Rank } else { *id }))
+            .collect();
+        let encoder = self.encoder.into_iter().collect();
+        let bpe = CoreBPE::new(encoder, special_encoder, self.pattern)
+            .map_err(|e| TokenizerError::Build(format!("pre-tokenizer pattern: {e}")))?;
+        let ranks =
+            self.ids.as_ref().map(|ids| ids.iter().enumerate().map(|(r, id)| (*id, r as Rank)).collect());
+        let mut specials = self.specials;
+        specials.sort_by(|a, b| b.0.len().cmp(&a.0.len()).then(a.0.cmp(&b.0)));
+        let mut special_ids: Vec<u32> = specials.iter().map(|(_, id)| *id).collect();
+        special_ids.sort_unstable();
+        let mut special_starts = [false; 256];
+        for (s, _) in &specials {
+            if let Some(&b) = s.as_bytes().first() {
+                special_starts[b as usize] = true;
+            }
+        }
+        Ok(Tokenizer {
+            inner: Arc::new(Inner {
+                name: self.name,
+                bpe,
+                specials,
+                special_ids,
+                special_starts,
+                ids: self.ids,
+                ranks,
+                vocab_size: self.vocab_size,
+                nfc: self.nfc,
+                splits_lines: self.splits_lines,
+            }),
+        })
     }
 }
 
