@@ -1,7 +1,9 @@
 #!/usr/bin/env python3
 """Writes the tokenizer.json fixtures under wire/tests/data and the ids Hugging Face's own
 `tokenizers` library gives for a set of texts, which wire/tests/hf_tokenizer.rs compares
-warmpath's loader against. Run once by hand (needs `pip install tokenizers`); the outputs are
+warmpath's loader against; and a chat template with the prompts and ids `transformers`'
+`apply_chat_template` gives, which proxy/src/canon/tests.rs compares warmpath's renderer
+against. Run once by hand (needs `pip install tokenizers transformers jinja2`); the outputs are
 committed, CI only reads them.
 
     python3 scripts/make-tokenizer-fixtures.py
@@ -81,6 +83,102 @@ def main():
             json.dump(expected, fh, ensure_ascii=False, indent=1)
             fh.write("\n")
         print(name, tok.get_vocab_size(), "ids;", sum(len(e["ids"]) for e in expected), "expected ids")
+    chat_fixture()
+
+
+# A tool-calling template in the style of current open models (Qwen 2.5, Hermes): tools as JSON
+# lines in the system turn, calls as <tool_call> JSON, results as <tool_response>.
+TEMPLATE = """{%- if tools %}
+    {{- '<|im_start|>system\\n' }}
+    {%- if messages[0]['role'] == 'system' %}
+        {{- messages[0]['content'] }}
+    {%- else %}
+        {{- 'You are a helpful assistant.' }}
+    {%- endif %}
+    {{- "\\n\\n# Tools\\n\\n<tools>" }}
+    {%- for tool in tools %}
+        {{- "\\n" }}
+        {{- tool | tojson }}
+    {%- endfor %}
+    {{- "\\n</tools><|im_end|>\\n" }}
+{%- elif messages[0]['role'] == 'system' %}
+    {{- '<|im_start|>system\\n' + messages[0]['content'] + '<|im_end|>\\n' }}
+{%- endif %}
+{%- for message in messages %}
+    {%- if message.role == "user" or (message.role == "system" and not loop.first) %}
+        {{- '<|im_start|>' + message.role + '\\n' + message.content.strip() + '<|im_end|>' + '\\n' }}
+    {%- elif message.role == "assistant" %}
+        {{- '<|im_start|>' + message.role }}
+        {%- if message.content %}
+            {{- '\\n' + message.content }}
+        {%- endif %}
+        {%- for tool_call in message.tool_calls or [] %}
+            {%- if tool_call.function is defined %}
+                {%- set tool_call = tool_call.function %}
+            {%- endif %}
+            {{- '\\n<tool_call>\\n{"name": "' }}
+            {{- tool_call.name }}
+            {{- '", "arguments": ' }}
+            {{- tool_call.arguments | tojson }}
+            {{- '}\\n</tool_call>' }}
+        {%- endfor %}
+        {{- '<|im_end|>\\n' }}
+    {%- elif message.role == "tool" %}
+        {%- if loop.index0 == 0 or messages[loop.index0 - 1].role != "tool" %}
+            {{- '<|im_start|>user' }}
+        {%- endif %}
+        {{- '\\n<tool_response>\\n' }}
+        {{- message.content }}
+        {{- '\\n</tool_response>' }}
+        {%- if loop.last or messages[loop.index0 + 1].role != "tool" %}
+            {{- '<|im_end|>\\n' }}
+        {%- endif %}
+    {%- endif %}
+{%- endfor %}
+{%- if add_generation_prompt %}
+    {{- '<|im_start|>assistant\\n' }}
+{%- endif %}
+"""
+
+CHATS = [
+    {
+        "messages": [
+            {"role": "system", "content": "You are a careful agent.\nÜse tools when needed."},
+            {"role": "user", "content": "  What's the weather in Zürich?  "},
+            {"role": "assistant", "content": "", "tool_calls": [
+                {"id": "c1", "type": "function", "function": {"name": "get_weather", "arguments": {"city": "Zürich", "unit": "c"}}}]},
+            {"role": "tool", "tool_call_id": "c1", "content": "{\"temp\": 3}"},
+            {"role": "tool", "tool_call_id": "c2", "content": "second"},
+            {"role": "assistant", "content": "It is 3 °C."},
+            {"role": "user", "content": "Thanks <3"},
+        ],
+        "tools": [
+            {"type": "function", "function": {"name": "get_weather", "description": "Weather \"now\" for a city",
+             "parameters": {"type": "object", "properties": {"city": {"type": "string"}, "unit": {"enum": ["c", "f"]}},
+                            "required": ["city"]}}},
+            {"type": "function", "function": {"name": "search", "description": "Web search", "parameters": {"type": "object", "properties": {}}}},
+        ],
+    },
+    {"messages": [{"role": "user", "content": "no system, no tools"}], "tools": None},
+    {"messages": [{"role": "system", "content": "sys"}, {"role": "user", "content": "hi"}], "tools": None},
+]
+
+
+def chat_fixture():
+    from transformers import PreTrainedTokenizerFast
+
+    tok = PreTrainedTokenizerFast(tokenizer_file=os.path.join(OUT, "llama3-style.tokenizer.json"))
+    tok.chat_template = TEMPLATE
+    cases = []
+    for c in CHATS:
+        for gen in (True, False):
+            text = tok.apply_chat_template(c["messages"], tools=c["tools"], add_generation_prompt=gen, tokenize=False)
+            ids = tok(text, add_special_tokens=False)["input_ids"]
+            cases.append({**c, "add_generation_prompt": gen, "text": text, "ids": ids})
+    with open(os.path.join(OUT, "chat-template.expected.json"), "w", encoding="utf-8") as fh:
+        json.dump({"template": TEMPLATE, "cases": cases}, fh, ensure_ascii=False, indent=1)
+        fh.write("\n")
+    print("chat template:", len(cases), "cases")
 
 
 if __name__ == "__main__":

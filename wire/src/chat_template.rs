@@ -35,11 +35,13 @@ use crate::openai::{ChatMessage, Role, Tool};
 use crate::tokenizer::{Tokenizer, IM_END, IM_START};
 
 /// One piece of a rendered prompt: template text (may hold special tokens) or content text
-/// (never does).
+/// (never does); or a prompt an external model's own template rendered, whose special-token
+/// strings are special tokens wherever they stand, as the backend tokenizes it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Piece {
     Template(String),
     Content(String),
+    Rendered(String),
 }
 
 /// Renders the conversation into pieces.
@@ -159,7 +161,7 @@ pub fn render_text(messages: &[ChatMessage], tools: &[Tool], add_generation_prom
     render_pieces(messages, tools, add_generation_prompt)
         .into_iter()
         .map(|p| match p {
-            Piece::Template(s) | Piece::Content(s) => s,
+            Piece::Template(s) | Piece::Content(s) | Piece::Rendered(s) => s,
         })
         .collect()
 }
@@ -175,7 +177,7 @@ pub fn render_tokens(
     let mut ids = Vec::new();
     for p in render_pieces(messages, tools, add_generation_prompt) {
         match p {
-            Piece::Template(s) => ids.extend(tok.encode_with_special(&s)),
+            Piece::Template(s) | Piece::Rendered(s) => ids.extend(tok.encode_with_special(&s)),
             Piece::Content(s) => ids.extend(tok.encode(&s)),
         }
     }

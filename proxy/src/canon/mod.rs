@@ -16,6 +16,8 @@
 mod items;
 pub mod json;
 pub mod render;
+mod responses;
+mod template;
 pub mod tools;
 pub mod volatile;
 
@@ -34,8 +36,8 @@ use crate::http::request::{ContentView, LlmRequest, LlmRoute, MessageView, Str};
 use crate::tools::search::{self, SearchPlan};
 use crate::tools::{DeferredSet, Deferrer, Form, SEARCH_TOOL};
 pub use items::text_of;
-use items::{input_items, render_item};
 pub use render::{Blocks, Encoder, Lookups, TokenCache};
+pub use template::ChatTemplate;
 use tools::{CanonTool, ToolCache};
 use volatile::Volatile;
 
@@ -53,6 +55,8 @@ pub struct Canon {
     volatile: Volatile,
     note_role: &'static str,
     encoder: Encoder,
+    /// An external model's own chat template; `None` renders the built-in ChatML layout.
+    template: Option<Arc<ChatTemplate>>,
     tools: ToolCache,
     defer: Option<Deferrer>,
 }
@@ -99,19 +103,19 @@ impl Canon {
     /// `embedded`: the pool's backends are bundled engines, whose tokenizer is known.
     pub fn new(cfg: &CanonConfig, tools: &ToolsConfig, embedded: bool) -> Canon {
         let bytes = cfg.token_cache_mib.saturating_mul(1 << 20);
-        let tokenized = match cfg.tokenizer {
-            TokenizerKind::Auto => embedded,
-            TokenizerKind::Wp32k => true,
-            TokenizerKind::None => false,
+        let tok = match (&cfg.external, cfg.tokenizer) {
+            (Some(e), _) => Some(e.tokenizer.clone()),
+            (None, TokenizerKind::Auto) => embedded.then(Tokenizer::wp32k),
+            (None, TokenizerKind::Wp32k) => Some(Tokenizer::wp32k()),
+            (None, TokenizerKind::None) => None,
         };
-        let encoder = if tokenized {
-            Encoder::Tokens {
-                tok: Tokenizer::wp32k(),
+        let encoder = match tok {
+            Some(tok) => Encoder::Tokens {
+                tok,
                 block_size: cfg.block_size,
                 cache: TokenCache::new(bytes - bytes / TOOL_CACHE_SHARE),
-            }
-        } else {
-            Encoder::Bytes { chunk: cfg.chunk_bytes }
+            },
+            None => Encoder::Bytes { chunk: cfg.chunk_bytes },
         };
         Canon {
             rewrite: cfg.enabled,
@@ -123,6 +127,7 @@ impl Canon {
                 NoteRole::User => "user",
             },
             encoder,
+            template: cfg.external.as_ref().and_then(|e| e.template.clone()),
             tools: ToolCache::new(bytes / TOOL_CACHE_SHARE),
             defer: Deferrer::new(tools),
         }
@@ -225,31 +230,6 @@ impl Canon {
             });
         }
 
-        let blocks = hash.then(|| {
-            let mut stable = PromptBuilder::default();
-            let system = match (&moved, lead_system) {
-                (Some(m), _) => Some(Cow::Borrowed(m.kept.as_str())),
-                (None, true) => Some(system_text.clone().unwrap_or_default()),
-                (None, false) => None,
-            };
-            let lines = sent_tools.iter().flat_map(|t| t.iter().map(|t| t.line.as_str()));
-            stable.system_turn(system.as_deref(), lines);
-            let mut rest = PromptBuilder::default();
-            let skip = usize::from(lead_system);
-            for (i, m) in req.messages.iter().enumerate().skip(skip) {
-                if let Some(Some(r)) = reinserts.get(i) {
-                    rest.turn("assistant", "", [tool_call_text(SEARCH_TOOL, &r.arguments).as_str()]);
-                    rest.tool_result(&r.id, &r.result);
-                }
-                render_message(&mut rest, m);
-            }
-            if let Some(n) = &note {
-                rest.turn(self.note_role, n, []);
-            }
-            rest.generation_prompt();
-            self.blocks(stable.finish(), rest.finish(), req, &mut lookups)
-        });
-
         let mut messages_end = 0;
         let body = self.rewrite.then(|| {
             let mut b = Body::new(req.model());
@@ -279,6 +259,38 @@ impl Canon {
             b.extras(req, sent_tools);
             b.finish()
         });
+        // An external template renders the body the backend gets; the built-in layout renders
+        // the request views (no second parse).
+        let templated = match (&self.template, hash) {
+            (Some(t), true) => self.template_blocks(t, body.as_deref(), req, &mut lookups),
+            _ => None,
+        };
+        let blocks = templated.or_else(|| {
+            hash.then(|| {
+                let mut stable = PromptBuilder::default();
+                let system = match (&moved, lead_system) {
+                    (Some(m), _) => Some(Cow::Borrowed(m.kept.as_str())),
+                    (None, true) => Some(system_text.clone().unwrap_or_default()),
+                    (None, false) => None,
+                };
+                let lines = sent_tools.iter().flat_map(|t| t.iter().map(|t| t.line.as_str()));
+                stable.system_turn(system.as_deref(), lines);
+                let mut rest = PromptBuilder::default();
+                let skip = usize::from(lead_system);
+                for (i, m) in req.messages.iter().enumerate().skip(skip) {
+                    if let Some(Some(r)) = reinserts.get(i) {
+                        rest.turn("assistant", "", [tool_call_text(SEARCH_TOOL, &r.arguments).as_str()]);
+                        rest.tool_result(&r.id, &r.result);
+                    }
+                    render_message(&mut rest, m);
+                }
+                if let Some(n) = &note {
+                    rest.turn(self.note_role, n, []);
+                }
+                rest.generation_prompt();
+                self.blocks(stable.finish(), rest.finish(), req, &mut lookups)
+            })
+        });
         let search = match (&plan, &self.defer) {
             (Some(p), Some(d)) => Some(SearchPlan {
                 set: p.set.clone(),
@@ -301,150 +313,62 @@ impl Canon {
         }
     }
 
-    fn prepare_responses(&self, req: &LlmRequest<'_>, hash: bool) -> Result<Prepared, ApiError> {
-        let mut edits = Edits::default();
-        let mut lookups = Lookups::default();
-        let tools = self.tools(req)?;
-        if let Some((_, changed)) = &tools {
-            edits.tools_reordered = *changed;
+    /// Blocks of the prompt an external chat template renders from `body` (the request's own
+    /// when not rewriting); `None` when the template fails, which falls back to the built-in
+    /// layout. The stable prefix is the render of the leading system message with the tools,
+    /// cut back to where the tokenizer surely splits.
+    fn template_blocks(
+        &self,
+        t: &ChatTemplate,
+        body: Option<&[u8]>,
+        req: &LlmRequest<'_>,
+        n: &mut Lookups,
+    ) -> Option<Blocks> {
+        let Encoder::Tokens { tok, .. } = &self.encoder else { return None };
+        use minijinja::Value as JValue;
+        #[derive(Deserialize)]
+        struct Input {
+            messages: Vec<JValue>,
+            tools: Option<Vec<JValue>>,
+            chat_template_kwargs: Option<JValue>,
         }
-        let instructions = req.instructions.and_then(|r| serde_json::from_str::<Str<'_>>(r.get()).ok());
-        let moved = self.split_system(instructions.as_ref().map(|s| s.0.as_ref()), &mut edits);
-        let note = moved.as_ref().map(|m| m.lines.join("\n"));
-        let items: Option<Vec<&RawValue>> = req.content.and_then(|c| serde_json::from_str(c.get()).ok());
-
-        // Deferral: the client's own form (`{"type": "tool_search"}` with `defer_loading`
-        // functions) or the threshold; whole responses only (a streamed Responses turn keeps
-        // every tool, less the hosted search tool the backend may not know).
-        let list: &[Arc<CanonTool>] = tools.as_ref().map_or(&[], |(t, _)| t.as_slice());
-        let hosted = self.rewrite && self.defer.is_some() && list.iter().any(|t| t.hosted_search);
-        let stream = raw_field(req, "stream").is_some_and(|v| v.get().trim() == "true");
-        let one = raw_field(req, "n").is_none();
-        let tokens = |t: &str| self.count_tokens(t);
-        let plan = match &self.defer {
-            Some(d) if self.rewrite && !stream && one && hosted => d.plan_marked(list, &tokens),
-            Some(d) if self.rewrite && !stream && one => {
-                d.plan(list, named_tool(req).as_deref(), Form::Responses, &tokens)
-            }
-            _ => None,
+        let input = match body {
+            Some(b) => serde_json::from_slice::<Input>(b).ok()?,
+            None => Input {
+                messages: req.raw_messages.iter().filter_map(|r| template::parse(r.get())).collect(),
+                tools: req
+                    .tools
+                    .as_ref()
+                    .map(|(_, l)| l.iter().filter_map(|r| template::parse(r.get())).collect()),
+                chat_template_kwargs: raw_field(req, "chat_template_kwargs")
+                    .and_then(|r| template::parse(r.get())),
+            },
         };
-        let sent_tools: Option<Vec<Arc<CanonTool>>> = match (&plan, &tools) {
-            (Some(p), _) => Some(p.kept.clone()),
-            (None, Some((t, _))) if hosted => Some(t.iter().filter(|t| !t.hosted_search).cloned().collect()),
-            (None, Some((t, _))) => Some(t.clone()),
-            (None, None) => None,
-        };
-        // The input as items, where warmpath changes it: native search items translated into
-        // function calls the backend knows, searches put back before calls to deferred tools.
-        let mut reinserted = 0;
-        let rebuilt: Option<Vec<String>> = (plan.is_some() || hosted).then(|| {
-            let set = plan.as_ref().map(|p| p.set.as_ref());
-            match (&items, req.content) {
-                (Some(items), _) => {
-                    let (out, n) = input_items(items, set);
-                    reinserted = n;
-                    out
-                }
-                (None, Some(c)) => vec![user_item(c)],
-                (None, None) => Vec::new(),
-            }
+        let kwargs = input.chat_template_kwargs.as_ref();
+        let tools = input.tools.as_deref();
+        let full = t
+            .render(&input.messages, tools, true, kwargs)
+            .map_err(|e| tracing::debug!(template = %t.source, "chat template failed: {e}"))
+            .ok()?;
+        let lead = input.messages.first().filter(|m| {
+            m.get_attr("role").ok().is_some_and(|r| matches!(r.as_str(), Some("system" | "developer")))
         });
-        if let Some(p) = &plan {
-            edits.deferred = Some(Deferred {
-                tools: p.set.tools.len(),
-                saved_bytes: p.set.saved_bytes,
-                saved_tokens: p.set.saved_tokens,
-                reinserted,
-            });
+        let stable = match lead {
+            Some(m) => t.render(std::slice::from_ref(m), tools, false, kwargs).ok()?,
+            None => String::new(),
+        };
+        let mut cut = full.bytes().zip(stable.bytes()).take_while(|(a, b)| a == b).count();
+        while !tok.splits_at(&full, cut) {
+            cut -= 1;
         }
-
-        let blocks = hash.then(|| {
-            let mut stable = PromptBuilder::default();
-            let system = match &moved {
-                Some(m) => Some(m.kept.as_str()),
-                None => instructions.as_ref().map(|s| s.0.as_ref()),
-            };
-            let lines = sent_tools.iter().flat_map(|t| t.iter().map(|t| t.line.as_str()));
-            stable.system_turn(system, lines);
-            let mut rest = PromptBuilder::default();
-            match (&rebuilt, &items, req.content) {
-                (Some(r), _, _) => {
-                    for i in r {
-                        if let Ok(raw) = serde_json::from_str::<&RawValue>(i) {
-                            render_item(&mut rest, raw);
-                        }
-                    }
-                }
-                (None, Some(items), _) => items.iter().for_each(|i| render_item(&mut rest, i)),
-                (None, None, Some(c)) => rest.turn("user", &text_of(Some(c)).unwrap_or_default(), []),
-                (None, None, None) => {}
-            }
-            if let Some(n) = &note {
-                rest.turn(self.note_role, n, []);
-            }
-            rest.generation_prompt();
-            self.blocks(stable.finish(), rest.finish(), req, &mut lookups)
-        });
-
-        let mut input_end = 0;
-        let body = self.rewrite.then(|| {
-            let mut b = Body::new(req.model());
-            if let Some(raw) = req.instructions {
-                b.key("instructions");
-                match &moved {
-                    Some(m) => b.out.push_str(&json::string(&m.kept)),
-                    None => b.out.push_str(&json::minify(raw.get())),
-                }
-            }
-            let as_list: Option<Vec<Cow<'_, str>>> = match (&rebuilt, &note, &items, req.content) {
-                (Some(r), _, _, _) => Some(r.iter().map(|s| Cow::Borrowed(s.as_str())).collect()),
-                (None, Some(_), Some(items), _) => {
-                    Some(items.iter().map(|i| json::minify(i.get())).collect())
-                }
-                (None, Some(_), None, Some(c)) => Some(vec![Cow::Owned(user_item(c))]),
-                (None, Some(_), None, None) => Some(Vec::new()),
-                (None, None, _, _) => None,
-            };
-            match (as_list, req.content) {
-                (Some(list), _) => {
-                    b.key("input");
-                    b.out.push('[');
-                    for (k, i) in list.iter().enumerate() {
-                        if k > 0 {
-                            b.out.push(',');
-                        }
-                        b.out.push_str(i);
-                    }
-                    if let Some(n) = &note {
-                        if !list.is_empty() {
-                            b.out.push(',');
-                        }
-                        b.out.push_str(&note_message(self.note_role, n));
-                    }
-                    input_end = b.out.len();
-                    b.out.push(']');
-                }
-                (None, Some(c)) => {
-                    b.key("input");
-                    b.out.push_str(&json::minify(c.get()));
-                }
-                (None, None) => {}
-            }
-            b.extras(req, sent_tools.as_deref());
-            b.finish()
-        });
-        let search = match (&plan, &self.defer) {
-            (Some(p), Some(d)) => Some(SearchPlan {
-                set: p.set.clone(),
-                limit: d.limit,
-                max_rounds: d.max_rounds,
-                messages_end: input_end,
-                form: Form::Responses,
-                native: hosted,
-            }),
-            _ => None,
-        };
-        Ok(Prepared { body, blocks, edits, lookups, search })
+        let (a, b) = full.split_at(cut);
+        let salt = salt_of(req);
+        Some(self.encoder.blocks_counted(
+            &[Piece::Rendered(a.to_owned())],
+            &[Piece::Rendered(b.to_owned())],
+            salt.as_deref(),
+            n,
+        ))
     }
 
     /// Completions and embeddings: the prompt as sent (text, or token ids).

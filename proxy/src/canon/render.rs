@@ -120,7 +120,7 @@ impl Encoder {
 
 fn piece_text(p: &Piece) -> &str {
     match p {
-        Piece::Template(s) | Piece::Content(s) => s,
+        Piece::Template(s) | Piece::Content(s) | Piece::Rendered(s) => s,
     }
 }
 
@@ -158,6 +158,13 @@ impl TokenCache {
             Piece::Content(s) => {
                 for c in chunks(s, MIN_CHUNK) {
                     self.encode_cached(c, 0, out, n, || tok.encode(c));
+                }
+            }
+            // A whole prompt from an external template: cut where this tokenizer allows.
+            Piece::Rendered(s) => {
+                let min = if tok.splits_lines() { MIN_CHUNK } else { usize::MAX };
+                for c in chunks(s, min) {
+                    self.encode_cached(c, 2, out, n, || tok.encode_with_special(c));
                 }
             }
         }

@@ -295,3 +295,150 @@ fn canon_corpus_runs_clean() {
     }
     assert!(n >= 10, "only {n} corpus files");
 }
+
+/// An external model: the llama3-style fixture tokenizer (trained and checked against Hugging
+/// Face's library in `wire/tests/hf_tokenizer.rs`) with a Jinja ChatML template, as a policy
+/// file would load them.
+mod external {
+    use super::*;
+    use crate::config::{parse, External};
+
+    const TEMPLATE: &str = "{%- if tools %}{{- '<|im_start|>system\\n' }}{%- if messages[0].role == 'system' %}{{- messages[0].content + '\\n\\n' }}{%- endif %}{{- '# Tools\\n<tools>' }}{%- for tool in tools %}{{- '\\n' }}{{- tool | tojson }}{%- endfor %}{{- '\\n</tools><|im_end|>\\n' }}{%- elif messages[0].role == 'system' %}{{- '<|im_start|>system\\n' + messages[0].content + '<|im_end|>\\n' }}{%- endif %}{%- for message in messages %}{%- if message.role != 'system' or not loop.first %}{{- '<|im_start|>' + message.role + '\\n' + (message.content or '') }}{%- for tc in message.tool_calls or [] %}{{- '\\n<tool_call>\\n' + (tc.function | tojson) + '\\n</tool_call>' }}{%- endfor %}{{- '<|im_end|>\\n' }}{%- endif %}{%- endfor %}{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}";
+
+    fn fixture(name: &str) -> std::path::PathBuf {
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../wire/tests/data").join(name)
+    }
+
+    fn external_canon(rewrite: bool) -> (Canon, Tokenizer, Arc<ChatTemplate>) {
+        let tok = Tokenizer::from_file(&fixture("llama3-style.tokenizer.json")).expect("loads");
+        let t = Arc::new(
+            ChatTemplate::new(TEMPLATE.into(), String::new(), String::new(), "t".into()).expect("compiles"),
+        );
+        let cfg = CanonConfig {
+            enabled: rewrite,
+            external: Some(External { tokenizer: tok.clone(), template: Some(t.clone()) }),
+            ..CanonConfig::default()
+        };
+        (Canon::new(&cfg, &ToolsConfig::default(), false), tok, t)
+    }
+
+    fn body(stamp: &str, reversed: bool) -> Vec<u8> {
+        let mut tools = vec![
+            json!({"type": "function", "function": {"name": "alpha", "description": "first", "parameters": {"type": "object", "properties": {"x": {"type": "string"}}}}}),
+            json!({"type": "function", "function": {"parameters": {"properties": {"y": {"type": "integer"}}, "type": "object"}, "name": "beta", "description": "second"}}),
+        ];
+        if reversed {
+            tools.reverse();
+        }
+        let system = format!(
+            "You are a careful agent.\nCurrent time: {stamp}\nAnswer briefly.\n{}",
+            "Rules of the road.\n".repeat(30)
+        );
+        serde_json::to_vec(&json!({
+            "model": "m",
+            "messages": [
+                {"role": "system", "content": system},
+                {"role": "user", "content": "call alpha"},
+                {"role": "assistant", "content": "", "tool_calls": [{"id": "c1", "type": "function", "function": {"name": "alpha", "arguments": "{\"x\": \"é\"}"}}]},
+                {"role": "tool", "tool_call_id": "c1", "content": "done"},
+            ],
+            "tools": tools,
+        }))
+        .expect("json")
+    }
+
+    #[test]
+    fn blocks_are_the_tokens_of_the_template_render_of_the_body_sent() {
+        let (c, tok, t) = external_canon(true);
+        let p = prepare(&c, &body("2026-12-03T10:00:00Z", false));
+        // Read the body sent independently of the proxy's own parse: keys in their order.
+        let sent =
+            super::template::parse(std::str::from_utf8(p.body.as_ref().expect("rewritten")).expect("utf-8"))
+                .expect("json");
+        let list =
+            |k: &str| -> Vec<minijinja::Value> { sent.get_attr(k).expect(k).try_iter().expect(k).collect() };
+        let text = t.render(&list("messages"), Some(&list("tools")), true, None).expect("renders");
+        // Arguments parsed into an object, keys in the body's order (json! sorts them).
+        assert!(text.contains("<tool_call>\n{\"arguments\": {\"x\": \"é\"}, \"name\": \"alpha\"}"), "{text}");
+        let ids = tok.encode_with_special(&text);
+        let blocks = p.blocks.expect("hashed");
+        assert_eq!(blocks.units, ids.len());
+        assert_eq!(blocks.hashes, block_hashes(&ids, 16, None));
+        assert!(blocks.hashes.len() > 10, "a real prompt ({} tokens)", ids.len());
+    }
+
+    #[test]
+    fn tool_order_and_stamps_leave_the_prefix_unchanged() {
+        let (c, _, _) = external_canon(true);
+        let a = prepare(&c, &body("2026-12-03T10:00:00Z", false)).blocks.expect("hashed");
+        let b = prepare(&c, &body("2026-12-04T23:59:59Z", true)).blocks.expect("hashed");
+        assert_eq!(a.prefix_hash, b.prefix_hash);
+        // Everything before the note (the last message) is the same.
+        let common = a.hashes.iter().zip(&b.hashes).take_while(|(x, y)| x == y).count();
+        assert!(common + 3 >= a.hashes.len(), "{common} of {} blocks shared", a.hashes.len());
+        // As sent, they differ from the second line on.
+        let (raw, _, _) = external_canon(false);
+        let a = prepare(&raw, &body("2026-12-03T10:00:00Z", false)).blocks.expect("hashed");
+        let b = prepare(&raw, &body("2026-12-04T23:59:59Z", true)).blocks.expect("hashed");
+        assert_ne!(a.prefix_hash, b.prefix_hash);
+    }
+
+    #[test]
+    fn a_template_that_raises_falls_back_to_the_builtin_layout() {
+        let tok = Tokenizer::from_file(&fixture("llama3-style.tokenizer.json")).expect("loads");
+        let t = ChatTemplate::new(
+            "{{ raise_exception('no tools here') }}".into(),
+            String::new(),
+            String::new(),
+            "t".into(),
+        )
+        .expect("compiles");
+        let cfg = CanonConfig {
+            enabled: true,
+            external: Some(External { tokenizer: tok, template: Some(Arc::new(t)) }),
+            ..CanonConfig::default()
+        };
+        let c = Canon::new(&cfg, &ToolsConfig::default(), false);
+        let p = prepare(&c, &body("x", false));
+        assert!(p.blocks.expect("still hashed").hashes.len() > 10);
+    }
+
+    #[test]
+    fn policy_files_load_the_tokenizer_and_the_template_beside_it() {
+        let dir = std::env::temp_dir().join(format!("wp-tok-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).expect("dir");
+        std::fs::copy(fixture("llama3-style.tokenizer.json"), dir.join("tokenizer.json")).expect("copy");
+        let config = json!({"chat_template": TEMPLATE, "bos_token": "<|endoftext|>", "eos_token": {"content": "<|im_end|>"}});
+        std::fs::write(dir.join("tokenizer_config.json"), config.to_string()).expect("write");
+        let policy = "[[pools]]\nname = \"p\"\nmodels = [\"*\"]\n[pools.canon]\nenabled = true\ntokenizer_file = \"tokenizer.json\"\n[[pools.backends]]\nname = \"a\"\nurl = \"http://127.0.0.1:8000\"\n";
+        let file = dir.join("p.toml");
+        let cfg = parse(&file.display().to_string(), policy).expect("valid");
+        let ext = cfg.pools[0].canon.external.as_ref().expect("loaded");
+        assert_eq!(ext.tokenizer.special_id("<|im_end|>"), Some(2));
+        assert!(ext.template.as_ref().expect("found beside").source.ends_with("tokenizer_config.json"));
+
+        // A file that is not there, and one that is not a tokenizer: errors at the key.
+        let e = parse(&file.display().to_string(), &policy.replace("tokenizer.json\"", "missing.json\""))
+            .expect_err("refused");
+        assert!(
+            e.message.contains("pools[0].canon.tokenizer_file") && e.message.contains("cannot read"),
+            "{e}"
+        );
+        assert_eq!(e.line, 6, "{e}");
+        let e = parse(
+            &file.display().to_string(),
+            &policy.replace("tokenizer.json\"", "tokenizer_config.json\""),
+        )
+        .expect_err("refused");
+        assert!(e.message.contains("model"), "{e}");
+        let bad = policy.replace(
+            "tokenizer_file = \"tokenizer.json\"\n",
+            "tokenizer_file = \"tokenizer.json\"\ntokenizer = \"wp32k\"\n",
+        );
+        assert!(parse(&file.display().to_string(), &bad).is_err());
+        let bad = policy.replace("tokenizer_file = \"tokenizer.json\"\n", "chat_template = \"t.jinja\"\n");
+        let e = parse(&file.display().to_string(), &bad).expect_err("refused");
+        assert!(e.message.contains("tokenizer_file"), "{e}");
+        std::fs::remove_dir_all(&dir).ok();
+    }
+}

@@ -4,11 +4,15 @@
 use std::fmt;
 use std::ops::Range;
 use std::path::Path;
+use std::sync::Arc;
 
 use toml::de::{DeTable, DeValue};
 use toml::Spanned;
 
-use super::{validate, Config, PathSeg};
+use warmpath_wire::tokenizer::Tokenizer;
+
+use super::{validate, Config, External, Invalid, PathSeg};
+use crate::canon::ChatTemplate;
 
 /// A policy file that cannot be used, with the place that is wrong.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -46,12 +50,45 @@ pub fn parse(file: &str, text: &str) -> Result<Config, ConfigError> {
         let (line, col) = span.map(|s| line_col(text, s.start)).unwrap_or((1, 1));
         ConfigError { file: file.to_owned(), line, col, message }
     };
-    let cfg: Config = toml::from_str(text).map_err(|e| at(e.span(), e.message().to_owned()))?;
-    validate(&cfg).map_err(|inv| {
+    let mut cfg: Config = toml::from_str(text).map_err(|e| at(e.span(), e.message().to_owned()))?;
+    let located = |inv: Invalid| {
         let span = DeTable::parse(text).ok().and_then(|doc| locate(&doc, &inv.path));
         at(span, inv.to_string())
-    })?;
+    };
+    validate(&cfg).map_err(located)?;
+    let base = Path::new(file).parent().unwrap_or(Path::new(""));
+    load_files(&mut cfg, base).map_err(located)?;
     Ok(cfg)
+}
+
+/// Loads the tokenizer and chat-template files the pools name, relative to `base`.
+fn load_files(cfg: &mut Config, base: &Path) -> Result<(), Invalid> {
+    for (i, pool) in cfg.pools.iter_mut().enumerate() {
+        let canon = &mut pool.canon;
+        let Some(file) = &canon.tokenizer_file else { continue };
+        let at = |key: &str, message: String| Invalid {
+            path: vec![
+                PathSeg::Key("pools".into()),
+                PathSeg::Index(i),
+                PathSeg::Key("canon".into()),
+                PathSeg::Key(key.into()),
+            ],
+            message,
+        };
+        let file = base.join(file);
+        let tokenizer = Tokenizer::from_file(&file)
+            .map_err(|e| at("tokenizer_file", format!("{}: {e}", file.display())))?;
+        let template_file = match &canon.chat_template {
+            Some(t) => Some(base.join(t)),
+            None => ChatTemplate::beside(&file),
+        };
+        let template = match template_file {
+            None => None,
+            Some(t) => Some(Arc::new(ChatTemplate::load(&t).map_err(|e| at("chat_template", e))?)),
+        };
+        canon.external = Some(External { tokenizer, template });
+    }
+    Ok(())
 }
 
 /// The span of the value at `path`, or of the closest table above it that exists.

@@ -13,6 +13,10 @@ pub use types::{BackendUrl, Pattern, Ratio};
 pub use validate::{validate, Invalid, PathSeg};
 
 use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use crate::canon::ChatTemplate;
 
 use serde::Deserialize;
 
@@ -269,6 +273,16 @@ pub struct CanonConfig {
     pub note_role: NoteRole,
     /// Tokenizer of the prefix blocks.
     pub tokenizer: TokenizerKind,
+    /// The backends' model's Hugging Face `tokenizer.json` (relative to the policy file's
+    /// directory); takes the place of `tokenizer`.
+    pub tokenizer_file: Option<PathBuf>,
+    /// Its chat template: a `.jinja` file or a `tokenizer_config.json`. By default the one beside
+    /// `tokenizer_file` (`chat_template.jinja`, else `tokenizer_config.json`), else the built-in
+    /// ChatML layout.
+    pub chat_template: Option<PathBuf>,
+    /// The two above, loaded when the policy file is.
+    #[serde(skip)]
+    pub external: Option<External>,
     /// Tokens per prefix block (the backends' KV block size).
     pub block_size: usize,
     /// Bytes per block where no tokenizer is known.
@@ -287,6 +301,9 @@ impl Default for CanonConfig {
             max_moved_line_bytes: 200,
             note_role: NoteRole::System,
             tokenizer: TokenizerKind::Auto,
+            tokenizer_file: None,
+            chat_template: None,
+            external: None,
             block_size: 16,
             chunk_bytes: 64,
             token_cache_mib: 64,
@@ -357,6 +374,15 @@ pub enum NoteRole {
     System,
     Developer,
     User,
+}
+
+/// An external model's tokenizer and chat template, loaded from `tokenizer_file` and
+/// `chat_template`.
+#[derive(Debug, Clone)]
+pub struct External {
+    pub tokenizer: warmpath_wire::tokenizer::Tokenizer,
+    /// `None`: the built-in ChatML layout.
+    pub template: Option<Arc<ChatTemplate>>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]

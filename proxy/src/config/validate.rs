@@ -4,7 +4,7 @@
 use std::collections::HashMap;
 use std::fmt;
 
-use super::{Config, PolicyKind};
+use super::{Config, PolicyKind, TokenizerKind};
 
 /// One step of a key path: a table key or an array index.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -167,6 +167,12 @@ pub fn validate(cfg: &Config) -> Result<(), Invalid> {
         positive(c.key("block_size"), pool.canon.block_size as u64)?;
         positive(c.key("chunk_bytes"), pool.canon.chunk_bytes as u64)?;
         positive(c.key("max_moved_line_bytes"), pool.canon.max_moved_line_bytes as u64)?;
+        if pool.canon.tokenizer_file.is_some() && pool.canon.tokenizer != TokenizerKind::Auto {
+            return Err(c.key("tokenizer").err("tokenizer_file is set: leave tokenizer at \"auto\""));
+        }
+        if pool.canon.chat_template.is_some() && pool.canon.tokenizer_file.is_none() {
+            return Err(c.key("chat_template").err("a chat template needs its model's tokenizer_file"));
+        }
         for (k, r) in pool.canon.rules.iter().enumerate() {
             if r.name.is_empty() {
                 return Err(c.key("rules").index(k).key("name").err("must not be empty"));

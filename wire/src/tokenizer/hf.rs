@@ -60,7 +60,6 @@ pub(super) fn load(name: &str, json: &str) -> Result<Tokenizer, TokenizerError> 
         Some(n) => return Err(unsupported(format!("normalizer {}: only none or NFC", kind(n)))),
     };
     let pattern = pattern(doc.get("pre_tokenizer").unwrap_or(&Value::Null))?;
-    let splits_lines = LINE_SPLITTING.contains(&pattern.as_str());
 
     let alphabet = byte_alphabet();
     let to_bytes = |token: &str| -> Result<Vec<u8>, TokenizerError> {
@@ -85,6 +84,9 @@ pub(super) fn load(name: &str, json: &str) -> Result<Tokenizer, TokenizerError> 
         }
         specials.push((content.to_owned(), id_u32(id)?));
     }
+    // A special token holding a newline could be cut in two by a line cut.
+    let splits_lines =
+        LINE_SPLITTING.contains(&pattern.as_str()) && specials.iter().all(|(s, _)| !s.contains('\n'));
     let special_ids: std::collections::HashSet<u32> = specials.iter().map(|(_, id)| *id).collect();
 
     let vocab = model.get("vocab").and_then(Value::as_object).ok_or_else(|| unsupported("no model.vocab"))?;

@@ -138,6 +138,25 @@ impl Tokenizer {
         self.inner.splits_lines
     }
 
+    /// Whether encoding `text` (specials included) in two parts cut at byte `at` surely gives
+    /// the ids of encoding it whole: at a special token's edge, or after a newline that a
+    /// non-space follows where [`Tokenizer::splits_lines`].
+    pub fn splits_at(&self, text: &str, at: usize) -> bool {
+        if at == 0 || at >= text.len() {
+            return true;
+        }
+        if !text.is_char_boundary(at) {
+            return false;
+        }
+        let (a, b) = text.split_at(at);
+        let special_edge =
+            self.inner.specials.iter().any(|(s, _)| a.ends_with(s.as_str()) || b.starts_with(s.as_str()));
+        special_edge
+            || (self.splits_lines()
+                && a.ends_with('\n')
+                && b.chars().next().is_some_and(|c| !c.is_whitespace()))
+    }
+
     /// Encodes text in which special-token strings are plain text (user content).
     pub fn encode(&self, text: &str) -> Vec<u32> {
         let i = &self.inner;
