@@ -1,5 +1,5 @@
 //! Assembling the process: logging, embedded engines, pools, and the pingora server with its
-//! three services (API listener, admin listener, health checker).
+//! four services (API listener, admin listener, health checker, load scraper).
 
 use std::sync::Arc;
 
@@ -17,6 +17,7 @@ use crate::http::{AppState, WarmpathProxy};
 use crate::limits::WithHeaderDeadline;
 use crate::observe::{AdminApp, Metrics};
 use crate::route::health::HealthChecker;
+use crate::route::load::LoadScraper;
 use crate::route::Router;
 
 /// Installs the `tracing` subscriber the policy file asks for (`RUST_LOG` wins).
@@ -84,6 +85,10 @@ pub fn run(cfg: Config) -> anyhow::Result<()> {
         }),
     );
     admin.add_tcp(&cfg.server.admin.to_string());
+    let load = background_service(
+        "warmpath load",
+        LoadScraper { router: router.clone(), metrics: metrics.clone(), upstream: upstream.clone() },
+    );
     let health = background_service(
         "warmpath health",
         HealthChecker { router, cfg: cfg.health.clone(), metrics, upstream },
@@ -91,6 +96,7 @@ pub fn run(cfg: Config) -> anyhow::Result<()> {
     server.add_service(api);
     server.add_service(admin);
     server.add_service(health);
+    server.add_service(load);
 
     let listen = cfg.server.listen;
     let model = cfg

@@ -100,6 +100,82 @@ fn prefix_hash_keeps_a_prefix_on_one_backend_and_spreads_prefixes() {
 }
 
 #[test]
+fn cache_aware_follows_the_cache_and_spreads_new_prefixes() {
+    let es = engines(3);
+    let proxy = Proxy::start(&policy(
+        "",
+        "policy = \"cache_aware\"\n[pools.canon]\ntokenizer = \"wp32k\"",
+        &["m"],
+        &backends(&es),
+    ));
+    let system = |k: usize| format!("You are agent number {k}. {}", "Follow the rules. ".repeat(40));
+    // A conversation growing turn by turn stays where its blocks are.
+    let mut messages = vec![json!({"role": "system", "content": system(1)})];
+    let mut home = None;
+    for turn in 0..6 {
+        messages.push(json!({"role": "user", "content": format!("question number {turn} about the task")}));
+        let body = json!({"model": "m", "max_tokens": 2, "messages": messages});
+        let r = post_json(proxy.addr, "/v1/chat/completions", &body);
+        assert_eq!(r.status, 200, "{}", r.text());
+        let backend = r.header("x-warmpath-backend").expect("backend").to_owned();
+        let route = r.header("x-warmpath-route").expect("route").to_owned();
+        if turn == 0 {
+            assert!(route.starts_with("cache_aware; reason=new_prefix; cached=0/"), "{route}");
+            home = Some(backend);
+        } else {
+            assert_eq!(Some(&backend), home.as_ref(), "turn {turn}: {route}");
+            assert!(route.starts_with("cache_aware; reason=cache; cached="), "{route}");
+            // The engine's own prefix cache agrees that most of the prompt was there.
+            let j = r.json();
+            let cached = j["usage"]["prompt_tokens_details"]["cached_tokens"].as_u64().unwrap_or(0);
+            let prompt = j["usage"]["prompt_tokens"].as_u64().unwrap_or(0);
+            assert!(cached * 10 >= prompt * 8, "turn {turn}: {cached} of {prompt} cached");
+        }
+        messages.push(j_answer(&r));
+    }
+    // Different prefixes spread over every backend.
+    let many = spread(
+        &proxy,
+        (0..30).map(|k| {
+            let body = json!({"model": "m", "max_tokens": 1, "messages": [
+                {"role": "system", "content": system(100 + k)}, {"role": "user", "content": "hi"}]});
+            (body, vec![])
+        }),
+    );
+    assert_eq!(many.len(), 3, "{many:?}");
+    assert!(many.values().all(|&n| n >= 4), "{many:?}");
+    let m = proxy.metrics();
+    assert!(
+        metric_sum(
+            &m,
+            "warmpath_routing_decisions_total{policy=\"cache_aware\",pool=\"main\",reason=\"cache\"}"
+        ) >= 5.0,
+        "{m}"
+    );
+    // The engines' /metrics size the index (vllm:cache_config_info) and it reports its memory.
+    let e0 = es[0].metrics();
+    let blocks = e0
+        .lines()
+        .find(|l| l.starts_with("vllm:cache_config_info"))
+        .and_then(|l| l.split("num_gpu_blocks=\"").nth(1))
+        .and_then(|r| r.split('"').next())
+        .and_then(|n| n.parse::<f64>().ok())
+        .expect("the engine reports its blocks");
+    assert!(eventually(Duration::from_secs(5), || {
+        metric(&proxy.metrics(), "warmpath_prefix_index_capacity_blocks{backend=\"e0\",pool=\"main\"}")
+            == Some(blocks)
+    }));
+    assert!(metric(&proxy.metrics(), "warmpath_prefix_index_bytes{pool=\"main\"}").unwrap_or(0.0) > 0.0);
+    assert!(metric_sum(&proxy.metrics(), "warmpath_prefix_index_blocks{") > 10.0);
+}
+
+/// The assistant message of a chat response, to append to the history.
+fn j_answer(r: &Resp) -> serde_json::Value {
+    let j = r.json();
+    json!({"role": "assistant", "content": j["choices"][0]["message"]["content"].as_str().unwrap_or("")})
+}
+
+#[test]
 fn session_sticks_by_each_key_and_moves_when_the_backend_dies() {
     let mut es = engines(3);
     let proxy = Proxy::start(&policy(FAST_HEALTH, "policy = \"session\"", &["m"], &backends(&es)));

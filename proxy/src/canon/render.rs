@@ -110,6 +110,22 @@ impl Encoder {
         Blocks { prefix_hash: block_hash(parent, &ids[full * block_size..], None), hashes, units: ids.len() }
     }
 
+    /// Units ([`Blocks::units`]) per block: tokens, or bytes without a tokenizer.
+    pub fn block_units(&self) -> usize {
+        match self {
+            Encoder::Tokens { block_size, .. } => *block_size,
+            Encoder::Bytes { chunk } => *chunk,
+        }
+    }
+
+    /// Tokens per block, estimated at 4 bytes a token without a tokenizer.
+    pub fn tokens_per_block(&self) -> f64 {
+        match self {
+            Encoder::Tokens { block_size, .. } => *block_size as f64,
+            Encoder::Bytes { chunk } => *chunk as f64 / 4.0,
+        }
+    }
+
     pub fn cache(&self) -> Option<&TokenCache> {
         match self {
             Encoder::Tokens { cache, .. } => Some(cache),

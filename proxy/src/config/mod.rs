@@ -209,6 +209,8 @@ pub struct PoolConfig {
     #[serde(default)]
     pub session: SessionConfig,
     #[serde(default)]
+    pub cache_aware: CacheAwareConfig,
+    #[serde(default)]
     pub canon: CanonConfig,
     #[serde(default)]
     pub tools: ToolsConfig,
@@ -231,6 +233,7 @@ pub enum PolicyKind {
     LeastLoad,
     PrefixHash,
     Session,
+    CacheAware,
 }
 
 /// `[pools.prefix_hash]`: consistent hashing with bounded load.
@@ -250,6 +253,64 @@ impl Default for PrefixHashConfig {
     fn default() -> Self {
         PrefixHashConfig { prefix_blocks: 64, load_factor: 1.25, vnodes: 160 }
     }
+}
+
+/// `[pools.cache_aware]`: lowest estimated time to first token, from a prefix index of what
+/// each backend holds and each backend's queued work.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct CacheAwareConfig {
+    /// Where the index learns what each backend holds.
+    pub mode: IndexMode,
+    /// Blocks each backend holds in the index before its LRU evicts, until its
+    /// `vllm:cache_config_info` says how many it really has.
+    pub capacity_blocks: usize,
+    /// Approximate entries not touched for this long are dropped (0: only the LRU evicts).
+    pub ttl_s: u64,
+    /// A running request's weight in the cost, in prompt tokens (decoding slows prefill).
+    pub decode_cost_tokens: u64,
+    /// Backends whose cost is within this many tokens of the best are equally good; ties go
+    /// by rendezvous hashing on the prompt's first `spread_blocks` blocks.
+    pub tie_tokens: u64,
+    pub spread_blocks: usize,
+    /// A conversation stays on its backend (session keys: `x-session-id`, `prompt_cache_key`,
+    /// `user`) until that backend's in-flight count exceeds this factor of the pool's mean
+    /// (plus one), or it is down.
+    pub overload_factor: f64,
+    /// How long a session remembers its backend.
+    pub session_ttl_s: u64,
+    /// How often each backend's `/metrics` is read for its load and KV capacity (0: never).
+    pub scrape_interval_ms: u64,
+    /// Precise mode: a backend whose events have been silent this long while it served
+    /// requests falls back to approximate tracking until they resume.
+    pub event_timeout_ms: u64,
+}
+
+impl Default for CacheAwareConfig {
+    fn default() -> Self {
+        CacheAwareConfig {
+            mode: IndexMode::Approximate,
+            capacity_blocks: 65_536,
+            ttl_s: 0,
+            decode_cost_tokens: 32,
+            tie_tokens: 64,
+            spread_blocks: 2,
+            overload_factor: 1.5,
+            session_ttl_s: 600,
+            scrape_interval_ms: 1000,
+            event_timeout_ms: 5000,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum IndexMode {
+    /// What warmpath routed where.
+    Approximate,
+    /// The backends' KV events (embedded engines with `kv_events = true`, or vLLM's
+    /// `--kv-events-config`).
+    Precise,
 }
 
 /// `[pools.canon]`: stable prefixes. Requests are rewritten into their canonical arrangement

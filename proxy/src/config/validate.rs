@@ -187,6 +187,23 @@ pub fn validate(cfg: &Config) -> Result<(), Invalid> {
         positive(t.key("search_limit"), pool.tools.search_limit as u64)?;
         positive(t.key("max_search_rounds"), pool.tools.max_search_rounds as u64)?;
         positive(t.key("summary_chars"), pool.tools.summary_chars as u64)?;
+        let ca = p.key("cache_aware");
+        if pool.cache_aware.overload_factor.is_nan() || pool.cache_aware.overload_factor < 1.0 {
+            return Err(ca
+                .key("overload_factor")
+                .err(format!("{} must be at least 1.0", pool.cache_aware.overload_factor)));
+        }
+        positive(ca.key("capacity_blocks"), pool.cache_aware.capacity_blocks as u64)?;
+        positive(ca.key("spread_blocks"), pool.cache_aware.spread_blocks as u64)?;
+        if pool.policy == PolicyKind::CacheAware {
+            let n = pool.embedded.as_ref().map_or(pool.backends.len(), |e| e.replicas);
+            if n > crate::route::index::MAX_BACKENDS {
+                return Err(p.key("policy").err(format!(
+                    "cache_aware tracks at most {} backends per pool ({n} given)",
+                    crate::route::index::MAX_BACKENDS
+                )));
+            }
+        }
         if pool.session.overload_factor.is_nan() || pool.session.overload_factor < 1.0 {
             return Err(p
                 .key("session")

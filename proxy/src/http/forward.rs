@@ -95,7 +95,7 @@ pub async fn serve(
         return reject(state, session, ctx, &e, "model_not_found").await;
     };
     let session_header = session.req_header().headers.get("x-session-id").and_then(|v| v.to_str().ok());
-    let hash = pool.policy.wants_prefix() || pool.canon.rewrites();
+    let hash = pool.policy.wants_prefix() || pool.policy.wants_blocks() || pool.canon.rewrites();
     let started = Instant::now();
     let prepared = match pool.canon.prepare(&parsed, hash) {
         Ok(p) => p,
@@ -134,6 +134,10 @@ pub async fn serve(
         let backend = sel.backend().clone();
         ctx.backend = Some(backend.name.clone());
         let mut route_hdr = format!("{}; reason={}", pool.policy.name(), sel.reason);
+        if !sel.detail.is_empty() {
+            route_hdr.push_str("; ");
+            route_hdr.push_str(&sel.detail);
+        }
         if attempt > 1 {
             route_hdr.push_str(&format!("; attempt={attempt}"));
         }
@@ -367,7 +371,7 @@ async fn try_backend(
         return Ok(Attempt::Done);
     }
     let mut tail = Tail::default();
-    match pump(&mut up, session, &mut ctx.first_byte, &mut tail).await {
+    match pump(&mut up, session, &mut ctx.first_byte, &sel.prefill, &mut tail).await {
         Pumped::Complete if sse && route.ends_with_done() && status == 200 && !tail.saw_done() => {
             // Complete at the HTTP level but not as a stream: the client could not tell it
             // from a truncated answer, so it gets the error event a cut stream gets.

@@ -10,6 +10,7 @@ use warmpath_wire::openai::ApiError;
 
 use super::client::FailKind;
 use super::request::LlmRoute;
+use crate::route::PrefillTicket;
 
 /// How a relay ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -59,11 +60,13 @@ impl Tail {
     }
 }
 
-/// Copies the body from `up` to the client. `first_byte` is set when the first chunk is sent.
+/// Copies the body from `up` to the client. `first_byte` is set and `prefill` released when
+/// the first chunk is sent.
 pub async fn pump(
     up: &mut HttpSession,
     session: &mut Session,
     first_byte: &mut Option<Instant>,
+    prefill: &PrefillTicket,
     tail: &mut Tail,
 ) -> Pumped {
     loop {
@@ -87,6 +90,7 @@ pub async fn pump(
                     return Pumped::ClientGone;
                 }
                 first_byte.get_or_insert_with(Instant::now);
+                prefill.release();
             }
             Ok(None) => return Pumped::Complete,
             Err(e) => return Pumped::UpstreamCut(FailKind::of(&e)),

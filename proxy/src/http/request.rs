@@ -239,7 +239,14 @@ impl<'a> LlmRequest<'a> {
                 key::session_key(session_header, from_body)
             })
             .flatten();
-        RouteKey { prefix, session }
+        let wants_blocks = pool.policy.wants_blocks();
+        let blocks_of = blocks.filter(|_| wants_blocks);
+        RouteKey {
+            prefix,
+            session,
+            blocks: blocks_of.map(|b| b.hashes.clone()).unwrap_or_default(),
+            tokens: blocks_of.map_or(0, |b| b.units),
+        }
     }
 }
 

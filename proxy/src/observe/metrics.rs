@@ -27,6 +27,14 @@ pub struct Metrics {
     pub backend_up: IntGaugeVec,
     /// `pool`, `policy`, `reason`.
     pub routing_decisions: IntCounterVec,
+    /// `pool`: bytes held by the `cache_aware` prefix index.
+    pub index_bytes: IntGaugeVec,
+    /// `pool`, `backend`: blocks the index says the backend holds.
+    pub index_blocks: IntGaugeVec,
+    /// `pool`, `backend`: the backend's KV capacity in index blocks (from its metrics).
+    pub index_capacity: IntGaugeVec,
+    /// `pool`, `backend`, `result` (`ok`, `fail`): reads of backends' `/metrics`.
+    pub load_scrapes: IntCounterVec,
     /// `pool`, `reason` (`connect`, `status_5xx`, `timeout`, `io`).
     pub retries: IntCounterVec,
     /// `pool`: a retry was wanted but the retry budget was spent.
@@ -215,6 +223,26 @@ impl Metrics {
                 "warmpath_routing_decisions_total",
                 "Routing decisions by pool, policy and reason.",
                 &["pool", "policy", "reason"],
+            ),
+            index_bytes: gauge(
+                "warmpath_prefix_index_bytes",
+                "Memory held by the cache_aware prefix index, in bytes.",
+                &["pool"],
+            ),
+            index_blocks: gauge(
+                "warmpath_prefix_index_blocks",
+                "Prefix blocks the cache_aware index says each backend holds.",
+                &["pool", "backend"],
+            ),
+            index_capacity: gauge(
+                "warmpath_prefix_index_capacity_blocks",
+                "Each backend's KV capacity in index blocks, from its vllm:cache_config_info.",
+                &["pool", "backend"],
+            ),
+            load_scrapes: counter(
+                "warmpath_backend_load_scrapes_total",
+                "Reads of backends' /metrics for cache_aware load, by result.",
+                &["pool", "backend", "result"],
             ),
             retries: counter("warmpath_retries_total", "Retries on another backend.", &["pool", "reason"]),
             retry_budget_exhausted: counter(

@@ -1,7 +1,7 @@
 //! One backend server: its address, in-flight count, and health (active probes and passive
 //! ejection). The state is a small std mutex held for a few instructions, never across an await.
 
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
@@ -48,6 +48,10 @@ pub struct Backend {
     /// The connection template (resolved address, TLS, timeouts).
     pub peer: HttpPeer,
     inflight: AtomicUsize,
+    /// Prompt tokens sent here still waiting for their first token.
+    pending_tokens: AtomicU64,
+    /// `vllm:num_requests_running` + `_waiting` at the last scrape.
+    reported: AtomicU32,
     health: Mutex<Health>,
     inflight_gauge: IntGauge,
     up_gauge: IntGauge,
@@ -71,6 +75,8 @@ impl Backend {
             weight,
             peer,
             inflight: AtomicUsize::new(0),
+            pending_tokens: AtomicU64::new(0),
+            reported: AtomicU32::new(0),
             health: Mutex::new(Health::default()),
             inflight_gauge,
             up_gauge,
@@ -157,6 +163,50 @@ impl Backend {
     /// Brings the `warmpath_backend_up` gauge in line with the state (ejections end by time).
     pub fn refresh_gauge(&self, now: Instant) {
         self.up_gauge.set(i64::from(self.is_up(now)));
+    }
+}
+
+impl Backend {
+    pub fn reported_requests(&self) -> u32 {
+        self.reported.load(Ordering::Relaxed)
+    }
+
+    pub fn set_reported_requests(&self, n: u32) {
+        self.reported.store(n, Ordering::Relaxed);
+    }
+
+    pub fn pending_tokens(&self) -> u64 {
+        self.pending_tokens.load(Ordering::Relaxed)
+    }
+
+    /// Counts `tokens` of prefill work queued here until the ticket is released (at the
+    /// response's first byte) or dropped.
+    pub fn prefill(self: &Arc<Self>, tokens: u64) -> PrefillTicket {
+        self.pending_tokens.fetch_add(tokens, Ordering::Relaxed);
+        PrefillTicket { backend: self.clone(), tokens, released: AtomicBool::new(false) }
+    }
+}
+
+/// Prefill work queued on a backend; see [`Backend::prefill`].
+#[derive(Debug)]
+pub struct PrefillTicket {
+    backend: Arc<Backend>,
+    tokens: u64,
+    released: AtomicBool,
+}
+
+impl PrefillTicket {
+    /// The backend started answering: its prefill is done. Idempotent.
+    pub fn release(&self) {
+        if !self.released.swap(true, Ordering::Relaxed) {
+            self.backend.pending_tokens.fetch_sub(self.tokens, Ordering::Relaxed);
+        }
+    }
+}
+
+impl Drop for PrefillTicket {
+    fn drop(&mut self) {
+        self.release();
     }
 }
 

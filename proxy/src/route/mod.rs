@@ -5,7 +5,9 @@
 pub mod backend;
 pub mod budget;
 pub mod health;
+pub mod index;
 pub mod key;
+pub mod load;
 pub mod policy;
 
 use std::collections::HashMap;
@@ -15,7 +17,7 @@ use std::time::{Duration, Instant};
 
 use pingora::upstreams::peer::HttpPeer;
 
-pub use backend::{Backend, Ejection, InflightGuard};
+pub use backend::{Backend, Ejection, InflightGuard, PrefillTicket};
 pub use budget::RetryBudget;
 pub use policy::{Candidate, Decision, Policy, RouteKey, State};
 
@@ -26,7 +28,12 @@ use crate::observe::Metrics;
 #[derive(Debug)]
 pub struct Pool {
     pub name: String,
-    pub policy: Box<dyn Policy>,
+    pub policy: Arc<dyn Policy>,
+    /// The same policy where it is `cache_aware`: its prefix index, fed by load scrapes and
+    /// KV events.
+    pub cache_aware: Option<Arc<policy::CacheAware>>,
+    /// `[pools.cache_aware]`, for the scraper and the event subscribers.
+    pub cache_cfg: crate::config::CacheAwareConfig,
     pub backends: Vec<Arc<Backend>>,
     pub max_inflight: usize,
     /// Leading prefix blocks in the `prefix_hash` key.
@@ -50,7 +57,11 @@ pub enum NoBackend {
 pub struct Selected {
     pub index: usize,
     pub reason: &'static str,
+    /// The policy's numbers for `x-warmpath-route` (may be empty).
+    pub detail: String,
     pub guard: InflightGuard,
+    /// The prefill work this request adds to the backend, until its first byte.
+    pub prefill: PrefillTicket,
 }
 
 impl Selected {
@@ -78,7 +89,13 @@ impl Pool {
                 } else {
                     State::Up
                 };
-                Candidate { weight: b.weight, inflight, state }
+                Candidate {
+                    weight: b.weight,
+                    inflight,
+                    state,
+                    pending_tokens: b.pending_tokens(),
+                    reported: b.reported_requests(),
+                }
             })
             .collect();
         // A slot can be taken between the snapshot and the reservation; then mark it full and
@@ -92,7 +109,9 @@ impl Pool {
                     .routing_decisions
                     .with_label_values(&[&self.name, self.policy.name(), d.reason])
                     .inc();
-                return Ok(Selected { index: d.index, reason: d.reason, guard });
+                self.policy.routed(key, &d);
+                let prefill = self.backends[d.index].prefill(d.prefill_tokens);
+                return Ok(Selected { index: d.index, reason: d.reason, detail: d.detail, guard, prefill });
             }
             candidates[d.index].state = State::Full;
         }
@@ -183,24 +202,37 @@ impl Router {
 fn build_pool(pc: &PoolConfig, backends: Vec<Arc<Backend>>, cfg: &Config) -> Pool {
     let names: Vec<&str> = backends.iter().map(|b| b.name.as_str()).collect();
     let weights: Vec<u32> = backends.iter().map(|b| b.weight).collect();
-    let policy: Box<dyn Policy> = match pc.policy {
-        PolicyKind::RoundRobin => Box::new(policy::RoundRobin::new(&weights)),
-        PolicyKind::LeastLoad => Box::new(policy::LeastLoad::new()),
-        PolicyKind::PrefixHash => Box::new(policy::PrefixHash::new(
+    let canon = crate::canon::Canon::new(&pc.canon, &pc.tools, pc.embedded.is_some());
+    let mut cache_aware = None;
+    let policy: Arc<dyn Policy> = match pc.policy {
+        PolicyKind::RoundRobin => Arc::new(policy::RoundRobin::new(&weights)),
+        PolicyKind::LeastLoad => Arc::new(policy::LeastLoad::new()),
+        PolicyKind::PrefixHash => Arc::new(policy::PrefixHash::new(
             &names,
             &weights,
             pc.prefix_hash.vnodes,
             pc.prefix_hash.load_factor,
         )),
-        PolicyKind::Session => Box::new(policy::Session::new(&names, pc.session.overload_factor)),
+        PolicyKind::Session => Arc::new(policy::Session::new(&names, pc.session.overload_factor)),
+        PolicyKind::CacheAware => {
+            let ca = &pc.cache_aware;
+            let ttl = (ca.ttl_s > 0).then(|| Duration::from_secs(ca.ttl_s));
+            let index = Arc::new(index::PrefixIndex::new(backends.len(), ca.capacity_blocks, ttl));
+            let units = canon.encoder().block_units();
+            let p = Arc::new(policy::CacheAware::new(&names, index, units, ca));
+            cache_aware = Some(p.clone());
+            p
+        }
     };
     Pool {
         name: pc.name.clone(),
         policy,
+        cache_aware,
+        cache_cfg: pc.cache_aware.clone(),
         backends,
         max_inflight: pc.max_inflight_per_backend,
         prefix_blocks: pc.prefix_hash.prefix_blocks,
-        canon: crate::canon::Canon::new(&pc.canon, &pc.tools, pc.embedded.is_some()),
+        canon,
         budget: RetryBudget::new(cfg.retry.budget_ratio.0, cfg.retry.min_retries_per_sec),
     }
 }

@@ -45,7 +45,7 @@ impl Policy for LeastLoad {
     }
 
     fn select(&self, _key: &RouteKey, candidates: &[Candidate]) -> Option<Decision> {
-        self.pick(candidates).map(|index| Decision { index, reason: "least_load" })
+        self.pick(candidates).map(|index| Decision::new(index, "least_load"))
     }
 }
 

@@ -2,11 +2,13 @@
 //! backend and say why. Selection only — reserving the slot, connecting and retrying belong to
 //! the caller ([`super::Pool::select`] and the HTTP path).
 
+mod cache_aware;
 mod least_load;
 mod prefix_hash;
 mod round_robin;
 mod session;
 
+pub use cache_aware::CacheAware;
 pub use least_load::LeastLoad;
 pub use prefix_hash::PrefixHash;
 pub use round_robin::RoundRobin;
@@ -31,6 +33,12 @@ pub struct Candidate {
     pub weight: u32,
     pub inflight: usize,
     pub state: State,
+    /// Prompt tokens of requests sent there that have not had their first token yet
+    /// (warmpath's own estimate of the prefill work queued ahead).
+    pub pending_tokens: u64,
+    /// Requests running and waiting as the backend last reported them (its `/metrics`; 0 when
+    /// unknown): traffic from other clients and warmpath replicas counts too.
+    pub reported: u32,
 }
 
 impl Candidate {
@@ -46,13 +54,28 @@ pub struct RouteKey {
     pub prefix: Option<u64>,
     /// Sticky key: `x-session-id`, `prompt_cache_key` or `user` (for `session`).
     pub session: Option<String>,
+    /// The prompt's chained block keys, root first (for `cache_aware`).
+    pub blocks: Vec<u64>,
+    /// Prompt tokens (bytes where no tokenizer is known).
+    pub tokens: usize,
 }
 
 /// A choice and its reason (the `reason` label of `warmpath_routing_decisions_total`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct Decision {
     pub index: usize,
     pub reason: &'static str,
+    /// What else `x-warmpath-route` shows (`cached=…`), empty for most policies.
+    pub detail: String,
+    /// Prompt tokens the backend is expected to prefill (its pending work until the first
+    /// token).
+    pub prefill_tokens: u64,
+}
+
+impl Decision {
+    pub fn new(index: usize, reason: &'static str) -> Decision {
+        Decision { index, reason, ..Decision::default() }
+    }
 }
 
 /// A routing policy. Implementations are deterministic given the same key and snapshot, apart
@@ -73,6 +96,14 @@ pub trait Policy: Send + Sync + std::fmt::Debug {
     fn wants_session(&self) -> bool {
         false
     }
+
+    /// Whether the policy reads [`RouteKey::blocks`].
+    fn wants_blocks(&self) -> bool {
+        false
+    }
+
+    /// The request went to `index` (its slot is reserved): what the policy learns from it.
+    fn routed(&self, _key: &RouteKey, _decision: &Decision) {}
 }
 
 #[cfg(test)]
@@ -80,7 +111,7 @@ pub(crate) mod testing {
     use super::*;
 
     pub fn up(n: usize) -> Vec<Candidate> {
-        vec![Candidate { weight: 1, inflight: 0, state: State::Up }; n]
+        vec![Candidate { weight: 1, inflight: 0, state: State::Up, pending_tokens: 0, reported: 0 }; n]
     }
 
     /// How many of `rounds` selections land on each backend.

@@ -42,7 +42,7 @@ impl Policy for PrefixHash {
 
     fn select(&self, key: &RouteKey, candidates: &[Candidate]) -> Option<Decision> {
         let Some(hash) = key.prefix else {
-            return self.fallback.pick(candidates).map(|index| Decision { index, reason: "no_key" });
+            return self.fallback.pick(candidates).map(|index| Decision::new(index, "no_key"));
         };
         let (mut inflight, mut weight) = (0u64, 0u64);
         for c in candidates.iter().filter(|c| c.is_up()) {
@@ -70,7 +70,7 @@ impl Policy for PrefixHash {
                     (false, true) => "hash_next_down",
                     (false, false) => "hash_overflow",
                 };
-                return Some(Decision { index: i, reason });
+                return Some(Decision::new(i, reason));
             }
             if first {
                 skipped_down = !c.is_up();
@@ -94,7 +94,7 @@ mod tests {
     }
 
     fn key(k: u64) -> RouteKey {
-        RouteKey { prefix: Some(xxh3_64(&k.to_le_bytes())), session: None }
+        RouteKey { prefix: Some(xxh3_64(&k.to_le_bytes())), ..RouteKey::default() }
     }
 
     #[test]
@@ -104,7 +104,7 @@ mod tests {
         let first = p.select(&key(7), &c).expect("pick");
         assert_eq!(first.reason, "hash");
         for _ in 0..10 {
-            assert_eq!(p.select(&key(7), &c), Some(first));
+            assert_eq!(p.select(&key(7), &c), Some(first.clone()));
         }
         let counts = spread(&p, &c, 4000, |i| key(i as u64));
         assert!(counts.iter().all(|&n| (700..1300).contains(&n)), "{counts:?}");
@@ -143,6 +143,6 @@ mod tests {
         let mut c = up(3);
         c[0].inflight = 3;
         c[2].inflight = 3;
-        assert_eq!(p.select(&RouteKey::default(), &c), Some(Decision { index: 1, reason: "no_key" }));
+        assert_eq!(p.select(&RouteKey::default(), &c), Some(Decision::new(1, "no_key")));
     }
 }

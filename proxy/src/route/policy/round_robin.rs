@@ -50,7 +50,7 @@ impl Policy for RoundRobin {
         (0..n)
             .map(|k| self.schedule[(start + k) % n])
             .find(|&i| candidates.get(i).is_some_and(Candidate::is_up))
-            .map(|index| Decision { index, reason: "round_robin" })
+            .map(|index| Decision::new(index, "round_robin"))
     }
 }
 

@@ -41,7 +41,7 @@ impl Policy for Session {
 
     fn select(&self, key: &RouteKey, candidates: &[Candidate]) -> Option<Decision> {
         let Some(session) = key.session.as_deref() else {
-            return self.fallback.pick(candidates).map(|index| Decision { index, reason: "no_key" });
+            return self.fallback.pick(candidates).map(|index| Decision::new(index, "no_key"));
         };
         let up: Vec<&Candidate> = candidates.iter().filter(|c| c.is_up()).collect();
         if up.is_empty() {
@@ -62,14 +62,14 @@ impl Policy for Session {
             c.is_up() && (c.inflight as f64) < limit
         }) else {
             // Everyone is past the overload limit: the least loaded one still serves.
-            return self.fallback.pick(candidates).map(|index| Decision { index, reason: "sticky_all_busy" });
+            return self.fallback.pick(candidates).map(|index| Decision::new(index, "sticky_all_busy"));
         };
         let reason = match candidates[first].state {
             _ if pick == first => "sticky",
             State::Down => "sticky_moved_down",
             _ => "sticky_moved_overloaded",
         };
-        Some(Decision { index: pick, reason })
+        Some(Decision::new(pick, reason))
     }
 }
 
@@ -85,7 +85,7 @@ mod tests {
     }
 
     fn key(s: &str) -> RouteKey {
-        RouteKey { prefix: None, session: Some(s.to_owned()) }
+        RouteKey { session: Some(s.to_owned()), ..RouteKey::default() }
     }
 
     #[test]
@@ -94,7 +94,7 @@ mod tests {
         let c = up(4);
         let home = p.select(&key("conv-1"), &c).expect("pick");
         assert_eq!(home.reason, "sticky");
-        assert!((0..20).all(|_| p.select(&key("conv-1"), &c) == Some(home)));
+        assert!((0..20).all(|_| p.select(&key("conv-1"), &c) == Some(home.clone())));
         let counts = spread(&p, &c, 4000, |i| key(&format!("conv-{i}")));
         assert!(counts.iter().all(|&n| (800..1200).contains(&n)), "{counts:?}");
     }
@@ -121,6 +121,6 @@ mod tests {
         let p = policy(2);
         let mut c = up(2);
         c[0].inflight = 4;
-        assert_eq!(p.select(&RouteKey::default(), &c), Some(Decision { index: 1, reason: "no_key" }));
+        assert_eq!(p.select(&RouteKey::default(), &c), Some(Decision::new(1, "no_key")));
     }
 }

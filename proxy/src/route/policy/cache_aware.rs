@@ -1,0 +1,353 @@
+//! `cache_aware`: the backend with the lowest estimated time to first token.
+//!
+//! Cost of backend b, in prompt tokens (prefill time is close to linear in them):
+//!
+//! ```text
+//! cost(b) = ( uncached(b)                 the prompt's tokens b does not hold (prefix index)
+//!           + pending(b)                  prefill tokens sent to b still waiting for a token
+//!           + decode_cost × running(b) )  a running request slows every batch (warmpath's
+//!                                         in-flight count, or what b's /metrics reports)
+//!           / weight(b)
+//! ```
+//!
+//! and on top of it:
+//! - **ties spread deterministically**: every backend within `tie_tokens` of the best is as good,
+//!   and rendezvous hashing on the prompt's first `spread_blocks` blocks picks among them, so new
+//!   prefixes spread over the pool instead of all landing on the first idle replica, and the same
+//!   prefix always picks the same one;
+//! - **a hot shared prefix spreads with load**: its holder's pending work grows with every request
+//!   it takes until prefilling the prefix elsewhere is cheaper, and then a second replica caches
+//!   it, then a third, as many as the load needs;
+//! - **conversations stay** on the backend that served them (session keys) until it is down or its
+//!   in-flight count exceeds `overload_factor` × the pool's mean (plus one).
+//!
+//! Every decision says why (`reason`) and shows its numbers in `x-warmpath-route`.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use moka::sync::Cache;
+use xxhash_rust::xxh3::xxh3_64_with_seed;
+
+use super::{Candidate, Decision, Policy, RouteKey};
+use crate::config::CacheAwareConfig;
+use crate::route::index::PrefixIndex;
+
+#[derive(Debug)]
+pub struct CacheAware {
+    index: Arc<PrefixIndex>,
+    block_size: usize,
+    /// Rendezvous seeds, one per backend (from its name, so replicas of warmpath agree).
+    seeds: Vec<u64>,
+    /// Per backend: its KV events are live, so routing does not insert into the index.
+    precise: Vec<AtomicBool>,
+    sticky: Cache<String, usize>,
+    decode_cost: u64,
+    tie_tokens: u64,
+    spread_blocks: usize,
+    overload_factor: f64,
+}
+
+/// One backend's numbers for one decision.
+#[derive(Debug, Clone, Copy)]
+struct Estimate {
+    index: usize,
+    cached: u64,
+    cost: f64,
+}
+
+impl CacheAware {
+    pub fn new(
+        names: &[&str],
+        index: Arc<PrefixIndex>,
+        block_size: usize,
+        cfg: &CacheAwareConfig,
+    ) -> CacheAware {
+        CacheAware {
+            index,
+            block_size: block_size.max(1),
+            seeds: names.iter().map(|n| xxhash_rust::xxh3::xxh3_64(n.as_bytes())).collect(),
+            precise: names.iter().map(|_| AtomicBool::new(false)).collect(),
+            sticky: Cache::builder()
+                .max_capacity(1 << 20)
+                .time_to_idle(Duration::from_secs(cfg.session_ttl_s.max(1)))
+                .build(),
+            decode_cost: cfg.decode_cost_tokens,
+            tie_tokens: cfg.tie_tokens,
+            spread_blocks: cfg.spread_blocks.max(1),
+            overload_factor: cfg.overload_factor,
+        }
+    }
+
+    pub fn index(&self) -> &Arc<PrefixIndex> {
+        &self.index
+    }
+
+    /// Backend `i`'s events are live (precise) or not (its blocks are tracked from routing).
+    pub fn set_precise(&self, i: usize, live: bool) {
+        self.precise[i].store(live, Ordering::Relaxed);
+    }
+
+    fn estimates(&self, key: &RouteKey, candidates: &[Candidate]) -> Vec<Estimate> {
+        let depths = if key.blocks.is_empty() { Vec::new() } else { self.index.depths(&key.blocks) };
+        let tokens = key.tokens as u64;
+        candidates
+            .iter()
+            .enumerate()
+            .filter(|(_, c)| c.is_up())
+            .map(|(i, c)| {
+                let cached =
+                    (u64::from(depths.get(i).copied().unwrap_or(0)) * self.block_size as u64).min(tokens);
+                let running = (c.inflight as u64).max(u64::from(c.reported));
+                let work = (tokens - cached) + c.pending_tokens + self.decode_cost * running;
+                Estimate { index: i, cached, cost: work as f64 / f64::from(c.weight.max(1)) }
+            })
+            .collect()
+    }
+
+    /// Rendezvous weight of backend `i` for this prompt.
+    fn rank(&self, spread_key: u64, i: usize) -> u64 {
+        xxh3_64_with_seed(&spread_key.to_le_bytes(), self.seeds[i])
+    }
+
+    fn spread_key(&self, key: &RouteKey) -> u64 {
+        match key.blocks.len() {
+            0 => key.prefix.unwrap_or(0),
+            n => key.blocks[n.min(self.spread_blocks) - 1],
+        }
+    }
+
+    fn overloaded(&self, i: usize, candidates: &[Candidate]) -> bool {
+        let up: Vec<&Candidate> = candidates.iter().filter(|c| c.is_up()).collect();
+        let mean = up.iter().map(|c| c.inflight as f64).sum::<f64>() / up.len().max(1) as f64;
+        candidates[i].inflight as f64 > self.overload_factor * mean + 1.0
+    }
+}
+
+impl Policy for CacheAware {
+    fn name(&self) -> &'static str {
+        "cache_aware"
+    }
+
+    fn wants_blocks(&self) -> bool {
+        true
+    }
+
+    fn wants_session(&self) -> bool {
+        true
+    }
+
+    fn select(&self, key: &RouteKey, candidates: &[Candidate]) -> Option<Decision> {
+        let est = self.estimates(key, candidates);
+        let best = est.iter().map(|e| e.cost).fold(f64::INFINITY, f64::min);
+        if !best.is_finite() {
+            return None;
+        }
+        let most_cached = est.iter().map(|e| e.cached).max().unwrap_or(0);
+        let detail = |e: &Estimate| {
+            format!("cached={}/{}; cost={:.0}; best_cached={most_cached}", e.cached, key.tokens, e.cost)
+        };
+        let decision = |e: &Estimate, reason: &'static str| Decision {
+            index: e.index,
+            reason,
+            detail: detail(e),
+            prefill_tokens: key.tokens as u64 - e.cached,
+        };
+
+        let mut moved = false;
+        if let Some(home) = key.session.as_ref().and_then(|s| self.sticky.get(s)) {
+            match est.iter().find(|e| e.index == home) {
+                Some(e) if !self.overloaded(home, candidates) => return Some(decision(e, "affinity")),
+                _ => moved = true,
+            }
+        }
+
+        let spread = self.spread_key(key);
+        let chosen = est
+            .iter()
+            .filter(|e| e.cost <= best + self.tie_tokens as f64)
+            .max_by_key(|e| (e.cached, self.rank(spread, e.index)))
+            .expect("the best is within the tie");
+        let reason = match (moved, most_cached, chosen.cached) {
+            (true, ..) => "affinity_moved",
+            (false, 0, _) => "new_prefix",
+            (false, m, c) if c == m => "cache",
+            (false, _, 0) => "load_uncached",
+            _ => "load_partial",
+        };
+        Some(decision(chosen, reason))
+    }
+
+    fn routed(&self, key: &RouteKey, d: &Decision) {
+        if !self.precise[d.index].load(Ordering::Relaxed) && !key.blocks.is_empty() {
+            self.index.insert(d.index, &key.blocks);
+        }
+        if let Some(s) = &key.session {
+            if self.sticky.get(s) != Some(d.index) {
+                self.sticky.insert(s.clone(), d.index);
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::testing::up;
+    use super::super::State;
+    use super::*;
+
+    fn policy(n: usize) -> CacheAware {
+        let names: Vec<String> = (0..n).map(|i| format!("b{i}")).collect();
+        let refs: Vec<&str> = names.iter().map(String::as_str).collect();
+        let index = Arc::new(PrefixIndex::new(n, 100_000, None));
+        CacheAware::new(&refs, index, 16, &CacheAwareConfig::default())
+    }
+
+    fn chain(root: u64, n: usize) -> Vec<u64> {
+        (0..n as u64).map(|i| xxhash_rust::xxh3::xxh3_64(&[root, i].map(u64::to_le_bytes).concat())).collect()
+    }
+
+    /// A prompt whose blocks are `shared` (common to many prompts) then its own.
+    fn prompt(shared: &[u64], own: u64, own_blocks: usize) -> RouteKey {
+        let mut blocks = shared.to_vec();
+        blocks.extend(chain(own, own_blocks));
+        RouteKey { tokens: blocks.len() * 16, blocks, ..RouteKey::default() }
+    }
+
+    /// Routes like the pool does: select, then tell the policy; `pending` tracks the prefill
+    /// work each backend still has (cleared by `drain`).
+    fn route(p: &CacheAware, key: &RouteKey, c: &mut [Candidate]) -> Decision {
+        let d = p.select(key, c).expect("a backend");
+        p.routed(key, &d);
+        c[d.index].pending_tokens += d.prefill_tokens;
+        c[d.index].inflight += 1;
+        d
+    }
+
+    fn drain(c: &mut [Candidate]) {
+        for x in c {
+            x.pending_tokens = 0;
+            x.inflight = 0;
+        }
+    }
+
+    #[test]
+    fn a_held_prefix_goes_back_to_its_holder() {
+        let p = policy(4);
+        let mut c = up(4);
+        let k = prompt(&[], 1, 40);
+        let first = route(&p, &k, &mut c);
+        assert_eq!(first.reason, "new_prefix");
+        drain(&mut c);
+        for _ in 0..5 {
+            let d = route(&p, &k, &mut c);
+            assert_eq!((d.index, d.reason, d.prefill_tokens), (first.index, "cache", 0));
+            drain(&mut c);
+        }
+        // The conversation grows: the next turn extends the prompt and still goes home.
+        let mut longer = k.clone();
+        longer.blocks.extend(chain(99, 5));
+        longer.tokens += 80;
+        let d = route(&p, &longer, &mut c);
+        assert_eq!((d.index, d.prefill_tokens), (first.index, 80));
+        assert!(d.detail.starts_with("cached=640/720"), "{}", d.detail);
+    }
+
+    #[test]
+    fn new_prefixes_spread_deterministically() {
+        let p = policy(4);
+        let mut counts = [0; 4];
+        for i in 0..400 {
+            let c = up(4);
+            let d = p.select(&prompt(&[], 1000 + i, 8), &c).expect("pick");
+            assert_eq!(d.reason, "new_prefix");
+            counts[d.index] += 1;
+            // The same prompt, asked again before any routing, picks the same backend.
+            assert_eq!(p.select(&prompt(&[], 1000 + i, 8), &c).expect("pick").index, d.index);
+        }
+        assert!(counts.iter().all(|&n| (70..130).contains(&n)), "{counts:?}");
+    }
+
+    #[test]
+    fn a_hot_shared_prefix_spreads_over_as_many_replicas_as_the_load_needs() {
+        let p = policy(4);
+        let shared = chain(7, 200); // a 3,200-token system prompt
+                                    // Light load: one request at a time; all stay on the prefix's holder.
+        let mut c = up(4);
+        let mut light = [0; 4];
+        for i in 0..50 {
+            light[route(&p, &prompt(&shared, i, 4), &mut c).index] += 1;
+            drain(&mut c);
+        }
+        assert_eq!(light.iter().filter(|&&n| n > 0).count(), 1, "{light:?}");
+        // Heavy load: 64 requests in flight at once; their prefill work spills over. The
+        // holder takes more requests (each costs it only the 64-token suffix), the others take
+        // the prefix once each: the prefill work, what delays first tokens, stays even.
+        let mut heavy = [0; 4];
+        let mut work = [0u64; 4];
+        for i in 0..64 {
+            let d = route(&p, &prompt(&shared, 100 + i, 4), &mut c);
+            heavy[d.index] += 1;
+            work[d.index] += d.prefill_tokens;
+        }
+        assert!(heavy.iter().all(|&n| n > 0), "every replica serves the hot prefix: {heavy:?}");
+        let mean = work.iter().sum::<u64>() as f64 / 4.0;
+        assert!(
+            work.iter().all(|&w| (w as f64) < 1.3 * mean),
+            "prefill work {work:?} for requests {heavy:?}"
+        );
+        // Now every replica holds the prefix: a burst spreads without recomputing it.
+        drain(&mut c);
+        let d = route(&p, &prompt(&shared, 999, 4), &mut c);
+        assert_eq!(d.prefill_tokens, 64);
+    }
+
+    #[test]
+    fn sessions_stick_until_overloaded_or_down() {
+        let p = policy(3);
+        let mut c = up(3);
+        let mut k = prompt(&[], 5, 10);
+        k.session = Some("conv".into());
+        let home = route(&p, &k, &mut c).index;
+        drain(&mut c);
+        // A different prompt in the same session still goes home.
+        let mut other = prompt(&[], 6, 10);
+        other.session = Some("conv".into());
+        let d = route(&p, &other, &mut c);
+        assert_eq!((d.index, d.reason), (home, "affinity"));
+        drain(&mut c);
+        // Overloaded home: the conversation moves, and stays at its new place.
+        c[home].inflight = 10;
+        let d = p.select(&other, &c).expect("pick");
+        assert_ne!(d.index, home);
+        assert_eq!(d.reason, "affinity_moved");
+        p.routed(&other, &d);
+        c[home].inflight = 0;
+        assert_eq!(p.select(&other, &c).expect("pick").index, d.index);
+        // Down: moves too.
+        c[d.index].state = State::Down;
+        let again = p.select(&other, &c).expect("pick");
+        assert_ne!(again.index, d.index);
+    }
+
+    #[test]
+    fn precise_backends_are_not_written_by_routing() {
+        let p = policy(2);
+        p.set_precise(0, true);
+        p.set_precise(1, true);
+        let mut c = up(2);
+        let k = prompt(&[], 3, 10);
+        route(&p, &k, &mut c);
+        assert_eq!(p.index().len(), 0, "only events write a precise backend's blocks");
+    }
+
+    #[test]
+    fn nothing_up_is_none() {
+        let p = policy(2);
+        let mut c = up(2);
+        c[0].state = State::Down;
+        c[1].state = State::Full;
+        assert!(p.select(&prompt(&[], 1, 4), &c).is_none());
+    }
+}
