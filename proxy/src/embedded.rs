@@ -11,8 +11,17 @@ use warmpath_engine::config::{EngineArgs, ExecutorKind};
 use crate::config::{Config, EmbeddedConfig, EmbeddedExecutor};
 
 /// A running set of replicas, addressed per pool index.
+/// One running replica.
+#[derive(Debug, Clone)]
+pub struct Replica {
+    pub addr: SocketAddr,
+    /// Where it publishes KV events (`kv_events = true`).
+    pub kv_events: Option<String>,
+}
+
 pub struct Embedded {
-    pub addrs: HashMap<usize, Vec<SocketAddr>>,
+    /// Per pool index, its replicas.
+    pub addrs: HashMap<usize, Vec<Replica>>,
     /// Replicas serve until the process exits; dropping this stops them.
     _runtime: Option<std::thread::JoinHandle<()>>,
     _stop: Option<tokio::sync::oneshot::Sender<()>>,
@@ -50,7 +59,7 @@ pub fn start(cfg: &Config) -> anyhow::Result<Embedded> {
     if wanted.is_empty() {
         return Ok(Embedded { addrs: HashMap::new(), _runtime: None, _stop: None });
     }
-    let (ready_tx, ready_rx) = std::sync::mpsc::channel::<anyhow::Result<Vec<(usize, SocketAddr)>>>();
+    let (ready_tx, ready_rx) = std::sync::mpsc::channel::<anyhow::Result<Vec<(usize, Replica)>>>();
     let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
     let handle = std::thread::Builder::new().name("embedded-engines".into()).spawn(move || {
         let rt = match tokio::runtime::Builder::new_multi_thread().worker_threads(1).enable_all().build() {
@@ -66,7 +75,7 @@ pub fn start(cfg: &Config) -> anyhow::Result<Embedded> {
             for (pi, args) in wanted {
                 match warmpath_engine::launch(args).await {
                     Ok(s) => {
-                        addrs.push((pi, s.addr));
+                        addrs.push((pi, Replica { addr: s.addr, kv_events: s.kv_events_endpoint.clone() }));
                         servers.push(s);
                     }
                     Err(e) => {
@@ -94,7 +103,7 @@ pub fn start(cfg: &Config) -> anyhow::Result<Embedded> {
         });
     })?;
     let list = ready_rx.recv().map_err(|_| anyhow::anyhow!("the embedded engine thread died"))??;
-    let mut addrs: HashMap<usize, Vec<SocketAddr>> = HashMap::new();
+    let mut addrs: HashMap<usize, Vec<Replica>> = HashMap::new();
     for (pi, a) in list {
         addrs.entry(pi).or_default().push(a);
     }

@@ -1,5 +1,5 @@
 //! Assembling the process: logging, embedded engines, pools, and the pingora server with its
-//! four services (API listener, admin listener, health checker, load scraper).
+//! its services (API listener, admin listener, health checker, load scraper, KV event feeds).
 
 use std::sync::Arc;
 
@@ -16,6 +16,7 @@ use crate::http::client::Upstream;
 use crate::http::{AppState, WarmpathProxy};
 use crate::limits::WithHeaderDeadline;
 use crate::observe::{AdminApp, Metrics};
+use crate::route::events::EventFeeds;
 use crate::route::health::HealthChecker;
 use crate::route::load::LoadScraper;
 use crate::route::Router;
@@ -44,7 +45,7 @@ pub fn run(cfg: Config) -> anyhow::Result<()> {
     let embedded = crate::embedded::start(&cfg)?;
     for (pi, addrs) in &embedded.addrs {
         for a in addrs {
-            tracing::info!(pool = %cfg.pools[*pi].name, addr = %a, "embedded engine replica listening");
+            tracing::info!(pool = %cfg.pools[*pi].name, addr = %a.addr, kv_events = ?a.kv_events, "embedded engine replica listening");
         }
     }
     let metrics = Metrics::new();
@@ -85,6 +86,10 @@ pub fn run(cfg: Config) -> anyhow::Result<()> {
         }),
     );
     admin.add_tcp(&cfg.server.admin.to_string());
+    let events = background_service(
+        "warmpath kv events",
+        EventFeeds { router: router.clone(), metrics: metrics.clone() },
+    );
     let load = background_service(
         "warmpath load",
         LoadScraper { router: router.clone(), metrics: metrics.clone(), upstream: upstream.clone() },
@@ -97,6 +102,7 @@ pub fn run(cfg: Config) -> anyhow::Result<()> {
     server.add_service(admin);
     server.add_service(health);
     server.add_service(load);
+    server.add_service(events);
 
     let listen = cfg.server.listen;
     let model = cfg

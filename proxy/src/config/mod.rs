@@ -480,6 +480,9 @@ pub struct BackendConfig {
     pub url: BackendUrl,
     #[serde(default = "default_weight")]
     pub weight: u32,
+    /// Its KV event publisher (vLLM `--kv-events-config` endpoint), e.g. `tcp://10.0.0.5:5557`.
+    #[serde(default)]
+    pub kv_events: Option<String>,
 }
 
 fn default_weight() -> u32 {

@@ -4,7 +4,7 @@
 use std::collections::HashMap;
 use std::fmt;
 
-use super::{Config, PolicyKind, TokenizerKind};
+use super::{Config, IndexMode, PolicyKind, TokenizerKind};
 
 /// One step of a key path: a table key or an array index.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -195,6 +195,27 @@ pub fn validate(cfg: &Config) -> Result<(), Invalid> {
         }
         positive(ca.key("capacity_blocks"), pool.cache_aware.capacity_blocks as u64)?;
         positive(ca.key("spread_blocks"), pool.cache_aware.spread_blocks as u64)?;
+        if pool.policy == PolicyKind::CacheAware && pool.cache_aware.mode == IndexMode::Precise {
+            match &pool.embedded {
+                Some(e) if !e.kv_events => {
+                    return Err(p
+                        .key("embedded")
+                        .key("kv_events")
+                        .err("cache_aware precise mode follows KV events: set kv_events = true"));
+                }
+                Some(_) => {}
+                None => {
+                    if let Some((k, b)) =
+                        pool.backends.iter().enumerate().find(|(_, b)| b.kv_events.is_none())
+                    {
+                        return Err(p.key("backends").index(k).err(format!(
+                            "cache_aware precise mode follows KV events: backend {:?} needs kv_events = \"tcp://…\"",
+                            b.name
+                        )));
+                    }
+                }
+            }
+        }
         if pool.policy == PolicyKind::CacheAware {
             let n = pool.embedded.as_ref().map_or(pool.backends.len(), |e| e.replicas);
             if n > crate::route::index::MAX_BACKENDS {

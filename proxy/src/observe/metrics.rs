@@ -35,6 +35,12 @@ pub struct Metrics {
     pub index_capacity: IntGaugeVec,
     /// `pool`, `backend`, `result` (`ok`, `fail`): reads of backends' `/metrics`.
     pub load_scrapes: IntCounterVec,
+    /// `pool`, `backend`, `kind` (`stored`, `removed` blocks; `cleared`; `malformed` batches).
+    pub kv_events: IntCounterVec,
+    /// `pool`, `backend`: sequence gaps and restarts (the backend's entries were rebuilt).
+    pub kv_event_gaps: IntCounterVec,
+    /// `pool`, `backend`: 1 while its KV events drive the index, 0 while tracked approximately.
+    pub kv_events_live: IntGaugeVec,
     /// `pool`, `reason` (`connect`, `status_5xx`, `timeout`, `io`).
     pub retries: IntCounterVec,
     /// `pool`: a retry was wanted but the retry budget was spent.
@@ -243,6 +249,21 @@ impl Metrics {
                 "warmpath_backend_load_scrapes_total",
                 "Reads of backends' /metrics for cache_aware load, by result.",
                 &["pool", "backend", "result"],
+            ),
+            kv_events: counter(
+                "warmpath_kv_events_total",
+                "KV events applied to the prefix index: blocks stored and removed, caches cleared, malformed batches.",
+                &["pool", "backend", "kind"],
+            ),
+            kv_event_gaps: counter(
+                "warmpath_kv_event_gaps_total",
+                "Lost KV events (sequence gaps and restarts); the backend's index entries were rebuilt.",
+                &["pool", "backend"],
+            ),
+            kv_events_live: gauge(
+                "warmpath_kv_events_live",
+                "1 while a backend's KV events drive the prefix index (precise), 0 while it is tracked approximately.",
+                &["pool", "backend"],
             ),
             retries: counter("warmpath_retries_total", "Retries on another backend.", &["pool", "reason"]),
             retry_budget_exhausted: counter(

@@ -47,6 +47,8 @@ pub struct Backend {
     pub weight: u32,
     /// The connection template (resolved address, TLS, timeouts).
     pub peer: HttpPeer,
+    /// Where it publishes KV events (ZMQ), for `cache_aware` in precise mode.
+    pub kv_events: Option<String>,
     inflight: AtomicUsize,
     /// Prompt tokens sent here still waiting for their first token.
     pending_tokens: AtomicU64,
@@ -74,6 +76,7 @@ impl Backend {
             url,
             weight,
             peer,
+            kv_events: None,
             inflight: AtomicUsize::new(0),
             pending_tokens: AtomicU64::new(0),
             reported: AtomicU32::new(0),

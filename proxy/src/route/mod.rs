@@ -4,6 +4,7 @@
 
 pub mod backend;
 pub mod budget;
+pub mod events;
 pub mod health;
 pub mod index;
 pub mod key;
@@ -11,7 +12,7 @@ pub mod load;
 pub mod policy;
 
 use std::collections::HashMap;
-use std::net::{SocketAddr, ToSocketAddrs};
+use std::net::ToSocketAddrs;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -136,34 +137,39 @@ impl Router {
     /// bundled engine replicas started for pools that asked for them.
     pub fn build(
         cfg: &Config,
-        embedded: &HashMap<usize, Vec<SocketAddr>>,
+        embedded: &HashMap<usize, Vec<crate::embedded::Replica>>,
         metrics: &Metrics,
     ) -> Result<Router, String> {
         let mut pools = Vec::new();
         let mut by_model = HashMap::new();
         let mut wildcard = None;
         for (pi, pc) in cfg.pools.iter().enumerate() {
-            let specs: Vec<(String, BackendUrl, u32)> = match embedded.get(&pi) {
-                Some(addrs) => addrs
+            type Spec = (String, BackendUrl, u32, Option<String>);
+            let specs: Vec<Spec> = match embedded.get(&pi) {
+                Some(replicas) => replicas
                     .iter()
                     .enumerate()
-                    .map(|(i, a)| {
+                    .map(|(i, r)| {
                         let url = BackendUrl {
                             tls: false,
-                            host: a.ip().to_string(),
-                            port: a.port(),
+                            host: r.addr.ip().to_string(),
+                            port: r.addr.port(),
                             base_path: String::new(),
                         };
-                        (format!("{}-{i}", pc.name), url, 1)
+                        (format!("{}-{i}", pc.name), url, 1, r.kv_events.clone())
                     })
                     .collect(),
-                None => pc.backends.iter().map(|b| (b.name.clone(), b.url.clone(), b.weight)).collect(),
+                None => pc
+                    .backends
+                    .iter()
+                    .map(|b| (b.name.clone(), b.url.clone(), b.weight, b.kv_events.clone()))
+                    .collect(),
             };
             let mut backends = Vec::with_capacity(specs.len());
-            for (name, url, weight) in specs {
+            for (name, url, weight, kv_events) in specs {
                 let peer = make_peer(&url, &cfg.upstream)?;
                 let labels = [pc.name.as_str(), name.as_str()];
-                backends.push(Arc::new(Backend::new(
+                let mut b = Backend::new(
                     name.clone(),
                     pc.name.clone(),
                     url,
@@ -171,7 +177,9 @@ impl Router {
                     peer,
                     metrics.inflight.with_label_values(&labels),
                     metrics.backend_up.with_label_values(&labels),
-                )));
+                );
+                b.kv_events = kv_events;
+                backends.push(Arc::new(b));
             }
             for m in &pc.models {
                 if m == "*" {

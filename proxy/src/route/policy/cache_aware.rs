@@ -23,9 +23,9 @@
 //!
 //! Every decision says why (`reason`) and shows its numbers in `x-warmpath-route`.
 
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use moka::sync::Cache;
 use xxhash_rust::xxh3::xxh3_64_with_seed;
@@ -42,6 +42,9 @@ pub struct CacheAware {
     seeds: Vec<u64>,
     /// Per backend: its KV events are live, so routing does not insert into the index.
     precise: Vec<AtomicBool>,
+    /// Per backend: when a request was last routed there (µs since `epoch`).
+    routed_at: Vec<AtomicU64>,
+    epoch: Instant,
     sticky: Cache<String, usize>,
     decode_cost: u64,
     tie_tokens: u64,
@@ -69,6 +72,8 @@ impl CacheAware {
             block_size: block_size.max(1),
             seeds: names.iter().map(|n| xxhash_rust::xxh3::xxh3_64(n.as_bytes())).collect(),
             precise: names.iter().map(|_| AtomicBool::new(false)).collect(),
+            routed_at: names.iter().map(|_| AtomicU64::new(0)).collect(),
+            epoch: Instant::now(),
             sticky: Cache::builder()
                 .max_capacity(1 << 20)
                 .time_to_idle(Duration::from_secs(cfg.session_ttl_s.max(1)))
@@ -87,6 +92,16 @@ impl CacheAware {
     /// Backend `i`'s events are live (precise) or not (its blocks are tracked from routing).
     pub fn set_precise(&self, i: usize, live: bool) {
         self.precise[i].store(live, Ordering::Relaxed);
+    }
+
+    pub fn is_precise(&self, i: usize) -> bool {
+        self.precise[i].load(Ordering::Relaxed)
+    }
+
+    /// Whether a request was routed to backend `i` after `t`.
+    pub fn routed_since(&self, i: usize, t: Instant) -> bool {
+        let at = self.routed_at[i].load(Ordering::Relaxed);
+        at > 0 && at > t.saturating_duration_since(self.epoch).as_micros() as u64
     }
 
     fn estimates(&self, key: &RouteKey, candidates: &[Candidate]) -> Vec<Estimate> {
@@ -180,6 +195,8 @@ impl Policy for CacheAware {
     }
 
     fn routed(&self, key: &RouteKey, d: &Decision) {
+        let now = (self.epoch.elapsed().as_micros() as u64).max(1);
+        self.routed_at[d.index].store(now, Ordering::Relaxed);
         if !self.precise[d.index].load(Ordering::Relaxed) && !key.blocks.is_empty() {
             self.index.insert(d.index, &key.blocks);
         }
