@@ -11,6 +11,7 @@ mod refs;
 mod replay;
 mod report;
 mod requests;
+mod route_cost;
 mod stats;
 mod targets;
 mod tool_search;
@@ -42,6 +43,9 @@ enum Cmd {
     /// How well warmpath's `tool_search` (BM25) finds the tools a request needs: recall@k and
     /// MRR on a labelled set, beside a word-overlap baseline.
     ToolSearch(tool_search::Args),
+    /// What one `cache_aware` routing decision costs at 8, 64 and 256 backends with a million
+    /// indexed blocks, beside a per-block walk of the same index.
+    RouteCost(route_cost::Args),
 }
 
 fn main() -> anyhow::Result<()> {
@@ -53,6 +57,7 @@ fn main() -> anyhow::Result<()> {
             Cmd::Overhead(a) => overhead::run(a).await,
             Cmd::Compare(a) => compare::run(*a).await,
             Cmd::ToolSearch(a) => tool_search::run(a),
+            Cmd::RouteCost(a) => route_cost::run(a),
         }
     }))
 }

@@ -43,8 +43,41 @@ impl Lru {
             self.push_front(i);
             return false;
         }
-        let node = Node { key, prev: NIL, next: NIL, at };
-        let i = match self.free.pop() {
+        let i = self.alloc(Node { key, prev: NIL, next: NIL, at });
+        self.slots.insert(key, i);
+        self.push_front(i);
+        true
+    }
+
+    pub fn contains(&self, key: u64) -> bool {
+        self.slots.contains_key(&key)
+    }
+
+    /// When `key` was last touched.
+    pub fn touched_at(&self, key: u64) -> Option<u32> {
+        self.slots.get(&key).map(|&i| self.nodes[i as usize].at)
+    }
+
+    /// Inserts a new `key` right behind `anchor` (just less recent than it); `false` when
+    /// `key` is already there or `anchor` is not.
+    pub fn insert_behind(&mut self, anchor: u64, key: u64, at: u32) -> bool {
+        let Some(&a) = self.slots.get(&anchor) else { return false };
+        if self.slots.contains_key(&key) {
+            return false;
+        }
+        let node = Node { key, prev: a, next: self.nodes[a as usize].next, at };
+        let i = self.alloc(node);
+        self.slots.insert(key, i);
+        match node.next {
+            NIL => self.tail = i,
+            n => self.nodes[n as usize].prev = i,
+        }
+        self.nodes[a as usize].next = i;
+        true
+    }
+
+    fn alloc(&mut self, node: Node) -> u32 {
+        match self.free.pop() {
             Some(i) => {
                 self.nodes[i as usize] = node;
                 i
@@ -53,10 +86,7 @@ impl Lru {
                 self.nodes.push(node);
                 (self.nodes.len() - 1) as u32
             }
-        };
-        self.slots.insert(key, i);
-        self.push_front(i);
-        true
+        }
     }
 
     pub fn remove(&mut self, key: u64) -> bool {
@@ -137,5 +167,19 @@ mod tests {
         // Slots are reused.
         l.touch(5, 0);
         assert_eq!(l.nodes.len(), 4);
+    }
+
+    #[test]
+    fn insert_behind_places_a_key_just_less_recent_than_its_anchor() {
+        let mut l = Lru::new();
+        l.touch(1, 0);
+        l.touch(2, 0); // head: 2, 1
+        assert!(l.insert_behind(2, 3, 5)); // 2, 3, 1
+        assert!(l.insert_behind(1, 4, 5)); // 2, 3, 1, 4 (new tail)
+        assert!(!l.insert_behind(9, 5, 5), "no anchor");
+        assert!(!l.insert_behind(2, 1, 5), "already there");
+        assert_eq!(l.touched_at(3), Some(5));
+        let order: Vec<u64> = std::iter::from_fn(|| l.pop_oldest()).collect();
+        assert_eq!(order, vec![4, 1, 3, 2]);
     }
 }

@@ -21,6 +21,10 @@ use std::time::{Duration, Instant};
 
 use lru::Lru;
 
+/// A held chain touched this recently (seconds) is not touched again when a request extends
+/// it: an agent loop's turns refresh their history's recency at most this often.
+pub const REFRESH_S: u32 = 10;
+
 /// Most backends one pool's index tracks.
 pub const MAX_BACKENDS: usize = 256;
 
@@ -138,15 +142,33 @@ impl PrefixIndex {
         g.evict(backend, None, 0);
     }
 
-    /// `backend` holds `hashes` (a chain, root first) now: touched leaf first, then the oldest
-    /// blocks beyond its capacity or older than the TTL are evicted.
+    /// `backend` holds `hashes` (a chain, root first) now; then the oldest blocks beyond its
+    /// capacity or older than the TTL are evicted.
+    ///
+    /// The chain is touched leaf first, so each block is more recent than its descendants. When
+    /// the part the backend already holds was touched within [`REFRESH_S`], only the new
+    /// blocks are added, each right behind its parent in LRU order, which keeps that order and
+    /// costs O(log n + new blocks) instead of O(n): an agent loop resending a long conversation
+    /// pays for its new turn only.
     pub fn insert(&self, backend: usize, hashes: &[u64]) {
         let now = self.now();
         let mut g = self.lock();
         let Inner { holders, lrus, .. } = &mut *g;
-        for &h in hashes.iter().rev() {
-            if lrus[backend].touch(h, now) {
-                holders.entry(h).or_default().insert(backend);
+        let lru = &mut lrus[backend];
+        let held = held_prefix(lru, hashes);
+        let fresh =
+            held > 0 && lru.touched_at(hashes[held - 1]).is_some_and(|at| now.saturating_sub(at) < REFRESH_S);
+        if fresh {
+            for k in held..hashes.len() {
+                if lru.insert_behind(hashes[k - 1], hashes[k], now) {
+                    holders.entry(hashes[k]).or_default().insert(backend);
+                }
+            }
+        } else {
+            for &h in hashes.iter().rev() {
+                if lru.touch(h, now) {
+                    holders.entry(h).or_default().insert(backend);
+                }
             }
         }
         let ttl = self.ttl.map(|t| t.as_secs() as u32);
@@ -236,6 +258,25 @@ impl PrefixIndex {
         let entry = 8 + size_of::<BackendSet>() + 1;
         g.holders.capacity() * entry + g.lrus.iter().map(Lru::bytes).sum::<usize>()
     }
+}
+
+/// How many leading blocks of `hashes` `lru` holds, by bisection (held blocks are whole
+/// prefixes, see the module doc).
+fn held_prefix(lru: &Lru, hashes: &[u64]) -> usize {
+    let (mut lo, mut hi) = (0, hashes.len());
+    if hi > 0 && lru.contains(hashes[hi - 1]) {
+        return hi;
+    }
+    // Invariant: the first `lo` are held, the first `hi` are not all held.
+    while lo + 1 < hi {
+        let mid = lo + (hi - lo) / 2;
+        if lru.contains(hashes[mid - 1]) {
+            lo = mid;
+        } else {
+            hi = mid;
+        }
+    }
+    lo
 }
 
 impl Inner {
@@ -328,6 +369,46 @@ mod tests {
         idx.clear(0);
         assert_eq!(idx.len(), 0);
         assert_eq!(idx.blocks(), vec![0, 0]);
+    }
+
+    #[test]
+    fn a_resent_conversation_adds_its_turn_behind_its_history() {
+        // Within REFRESH_S the held part is not touched again; new blocks go right behind
+        // their parents, so eviction still takes the newest turn's blocks before the history.
+        let idx = PrefixIndex::new(1, 12, None);
+        let history = chain(1, 8);
+        idx.insert(0, &history);
+        let mut turn = history.clone();
+        turn.extend(chain(2, 3));
+        idx.insert(0, &turn);
+        assert_eq!(idx.depths(&turn)[0], 11);
+        let other = chain(3, 3);
+        idx.insert(0, &other); // 14 blocks into 12: two go
+        assert_eq!(idx.blocks()[0], 12);
+        let d = idx.depths(&turn)[0];
+        assert!((8..11).contains(&d), "leaves of the old chain went first, its history stayed: {d}");
+        assert_eq!(idx.depths(&other)[0], 3);
+        assert_eq!(held_prefix(&idx.lock().lrus[0], &turn), d as usize);
+    }
+
+    #[test]
+    fn held_prefix_bisects() {
+        let mut l = Lru::new();
+        let c = chain(5, 10);
+        assert_eq!(held_prefix(&l, &c), 0);
+        for (k, &h) in c.iter().take(1).enumerate() {
+            l.touch(h, k as u32);
+        }
+        assert_eq!(held_prefix(&l, &c), 1);
+        for &h in &c[..7] {
+            l.touch(h, 0);
+        }
+        assert_eq!(held_prefix(&l, &c), 7);
+        for &h in &c {
+            l.touch(h, 0);
+        }
+        assert_eq!(held_prefix(&l, &c), 10);
+        assert_eq!(held_prefix(&l, &[]), 0);
     }
 
     #[test]
