@@ -39,6 +39,8 @@ pub struct EngineOpts {
 
 pub struct Fleet {
     pub engines: Vec<Target>,
+    /// Each engine's KV event endpoint (ZMQ), for routers that follow them.
+    pub kv_events: Vec<String>,
 }
 
 pub const BLOCK_SIZE: usize = 16;
@@ -59,8 +61,10 @@ impl Fleet {
     ) -> anyhow::Result<Fleet> {
         let bin = targets::sibling("warmpath-engine")?;
         let mut engines = Vec::new();
+        let mut kv_events = Vec::new();
         for i in 0..n {
             let addr = targets::free_addr()?;
+            let kv = format!("tcp://{}", targets::free_addr()?);
             let mut cmd = Command::new(&bin);
             cmd.args(["--executor", &o.executor, "--model", "tiny", "--served-model-name", model])
                 .args(["--port", &addr.port().to_string(), "--engine-id", &i.to_string()])
@@ -70,10 +74,12 @@ impl Fleet {
                 .args(["--max-num-batched-tokens", &o.max_num_batched_tokens.to_string()])
                 .args(["--sim-prefill-us-per-token", &o.prefill_us_per_token.to_string()])
                 .args(["--sim-itl-ms", &o.itl_ms.to_string()])
-                .args(["--weight-seed", "0"]);
+                .args(["--weight-seed", "0"])
+                .args(["--kv-events-endpoint", &kv]);
             engines.push(targets::spawn(&format!("engine-{i}"), &mut cmd, addr)?);
+            kv_events.push(kv);
         }
-        let fleet = Fleet { engines };
+        let fleet = Fleet { engines, kv_events };
         let deadline = Instant::now() + Duration::from_secs(60);
         for e in &fleet.engines {
             while !matches!(get(e.addr, "/health").await, Ok((200, _))) {

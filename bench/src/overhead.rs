@@ -109,12 +109,12 @@ pub async fn run(a: Args) -> anyhow::Result<()> {
 
     let mut list: Vec<Target> = vec![
         targets::direct(up),
-        targets::warmpath(&[up], "round_robin", a.proxy_threads, "")?,
+        targets::warmpath(&[up], &[], "round_robin", a.proxy_threads, "")?,
         // Everything on: canonicalization, block hashing with the engine's tokenizer, deferral.
-        targets::warmpath(&[up], FULL, a.proxy_threads, "")?,
+        targets::warmpath(&[up], &[], FULL, a.proxy_threads, "")?,
     ];
     // A second warmpath whose requests go to a path it answers itself: its floor.
-    let mut floor = targets::warmpath(&[up], "round_robin", a.proxy_threads, "")?;
+    let mut floor = targets::warmpath(&[up], &[], "round_robin", a.proxy_threads, "")?;
     floor.name = "floor: warmpath answers 404 itself".into();
     list.push(floor);
     let probe = |t: &Target| if t.name.starts_with("floor") { FLOOR } else { PROXIED };

@@ -83,19 +83,28 @@ pub fn direct(upstream: SocketAddr) -> Target {
 }
 
 /// The pool tables a `+feature` of a warmpath target spec turns on: `canon` (canonicalization,
-/// blocks with the bundled engine's tokenizer), `defer` (deferred tool discovery).
+/// blocks with the bundled engine's tokenizer), `defer` (deferred tool discovery), `precise`
+/// (`cache_aware` on the engines' KV events).
 fn feature_toml(feature: &str) -> anyhow::Result<&'static str> {
     Ok(match feature {
         "canon" => "[pools.canon]\nenabled = true\ntokenizer = \"wp32k\"\n",
         "defer" => "[pools.tools]\ndefer = true\n",
-        _ => anyhow::bail!("unknown warmpath feature +{feature} (canon, defer)"),
+        "precise" => "[pools.cache_aware]\nmode = \"precise\"\n",
+        _ => anyhow::bail!("unknown warmpath feature +{feature} (canon, defer, precise)"),
     })
 }
 
-/// warmpath with one pool over `backends` under `spec` (`POLICY[+canon][+defer]`); `threads`
-/// is its `[server] threads`; `extra` is TOML appended to the generated policy file (tables of
-/// the pool, such as `[pools.prefix_hash]`).
-pub fn warmpath(backends: &[SocketAddr], spec: &str, threads: usize, extra: &str) -> anyhow::Result<Target> {
+/// warmpath with one pool over `backends` under `spec` (`POLICY[+canon][+defer][+precise]`);
+/// `kv_events` are the backends' KV event endpoints where they publish them (or empty);
+/// `threads` is its `[server] threads`; `extra` is TOML appended to the generated policy file
+/// (tables of the pool, such as `[pools.prefix_hash]`).
+pub fn warmpath(
+    backends: &[SocketAddr],
+    kv_events: &[String],
+    spec: &str,
+    threads: usize,
+    extra: &str,
+) -> anyhow::Result<Target> {
     let mut parts = spec.split('+');
     let policy = parts.next().unwrap_or("round_robin");
     let mut features = String::new();
@@ -113,6 +122,9 @@ pub fn warmpath(backends: &[SocketAddr], spec: &str, threads: usize, extra: &str
     );
     for (i, b) in backends.iter().enumerate() {
         toml.push_str(&format!("[[pools.backends]]\nname = \"b{i}\"\nurl = \"http://{b}\"\n"));
+        if let Some(kv) = kv_events.get(i) {
+            toml.push_str(&format!("kv_events = \"{kv}\"\n"));
+        }
     }
     toml.push_str(&features);
     toml.push_str(extra);

@@ -65,11 +65,13 @@ pub struct Args {
     /// Number of engine replicas.
     #[arg(long, default_value_t = 4)]
     backends: usize,
-    /// Targets, `system:policy`: warmpath:round_robin|least_load|prefix_hash|session, each with
-    /// optional `+canon` (canonicalization) and `+defer` (tool deferral), sglang-router:POLICY,
-    /// vllm-router:POLICY, nginx:round_robin, direct (all to engine 0). Default for `trace`:
-    /// warmpath round_robin and prefix_hash, sglang-router and vllm-router cache_aware, nginx;
-    /// for `agent`: warmpath:session as sent and with +canon+defer.
+    /// Targets, `system:policy`: warmpath:round_robin|least_load|prefix_hash|session|cache_aware,
+    /// each with optional `+canon` (canonicalization), `+defer` (tool deferral) and `+precise`
+    /// (cache_aware on the engines' KV events), sglang-router:POLICY, vllm-router:POLICY,
+    /// nginx:round_robin, direct (all to engine 0). Default for `trace`: warmpath cache_aware
+    /// (precise and approximate), prefix_hash and round_robin, sglang-router and vllm-router
+    /// cache_aware; for `agent`: warmpath:session as sent and with +canon+defer, and
+    /// cache_aware+canon+defer+precise.
     #[arg(long, value_delimiter = ',')]
     targets: Vec<String>,
     /// agent: client modes, each run against every target.
@@ -286,8 +288,8 @@ pub async fn run(mut a: Args) -> anyhow::Result<()> {
     let backends = if a.quick { a.backends.min(2) } else { a.backends };
     if a.targets.is_empty() {
         a.targets = match a.workload {
-            Workload::Trace => "warmpath:round_robin,warmpath:prefix_hash,sglang-router:cache_aware,vllm-router:cache_aware,nginx:round_robin",
-            Workload::Agent => "warmpath:session,warmpath:session+canon+defer",
+            Workload::Trace => "warmpath:cache_aware+precise,warmpath:cache_aware,warmpath:prefix_hash,warmpath:round_robin,sglang-router:cache_aware,vllm-router:cache_aware",
+            Workload::Agent => "warmpath:session,warmpath:session+canon+defer,warmpath:cache_aware+canon+defer+precise",
         }
         .split(',')
         .map(String::from)
@@ -364,7 +366,7 @@ pub async fn run(mut a: Args) -> anyhow::Result<()> {
             let i = (k + round) % slots.len();
             n += 1;
             let slot = &slots[i];
-            let target = start_target(&slot.spec, &fleet.addrs(), a.proxy_threads, &extra)?;
+            let target = start_target(&slot.spec, &fleet.addrs(), &fleet.kv_events, a.proxy_threads, &extra)?;
             targets::wait_ready(&target, &ready_body).await?;
             // Let routers finish their start-up probes, then start every engine cold.
             tokio::time::sleep(Duration::from_millis(500)).await;
@@ -454,12 +456,13 @@ pub async fn run(mut a: Args) -> anyhow::Result<()> {
 fn start_target(
     spec: &str,
     backends: &[std::net::SocketAddr],
+    kv_events: &[String],
     threads: usize,
     extra: &str,
 ) -> anyhow::Result<Target> {
     let (system, policy) = spec.split_once(':').unwrap_or((spec, ""));
     match system {
-        "warmpath" => targets::warmpath(backends, if policy.is_empty() { "round_robin" } else { policy }, threads, extra),
+        "warmpath" => targets::warmpath(backends, kv_events, if policy.is_empty() { "round_robin" } else { policy }, threads, extra),
         "sglang-router" | "vllm-router" => {
             targets::rust_router(system, backends, if policy.is_empty() { "cache_aware" } else { policy })
         }

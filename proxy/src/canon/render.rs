@@ -29,6 +29,8 @@ pub struct Blocks {
     pub prefix_hash: u64,
     /// Tokens (or bytes, without a tokenizer) of the whole prompt.
     pub units: usize,
+    /// Units per block.
+    pub per_block: usize,
 }
 
 /// Token-cache lookups of one prompt.
@@ -73,7 +75,7 @@ impl Encoder {
                 let full = stable_len / block_size;
                 let parent = if full == 0 { root_hash(salt) } else { hashes[full - 1] };
                 let prefix_hash = block_hash(parent, &ids[full * block_size..stable_len], None);
-                Blocks { hashes, prefix_hash, units: ids.len() }
+                Blocks { hashes, prefix_hash, units: ids.len(), per_block: *block_size }
             }
             Encoder::Bytes { chunk } => {
                 let mut text = Vec::new();
@@ -93,7 +95,7 @@ impl Encoder {
                 let full = stable_len / chunk;
                 let parent = if full == 0 { root_hash(salt) } else { hashes[full - 1] };
                 let prefix_hash = bytes_hash(parent, &text[full * chunk..stable_len]);
-                Blocks { hashes, prefix_hash, units: text.len() }
+                Blocks { hashes, prefix_hash, units: text.len(), per_block: *chunk }
             }
         }
     }
@@ -107,7 +109,12 @@ impl Encoder {
         let hashes = block_hashes(ids, block_size, salt);
         let full = ids.len() / block_size;
         let parent = if full == 0 { root_hash(salt) } else { hashes[full - 1] };
-        Blocks { prefix_hash: block_hash(parent, &ids[full * block_size..], None), hashes, units: ids.len() }
+        Blocks {
+            prefix_hash: block_hash(parent, &ids[full * block_size..], None),
+            hashes,
+            units: ids.len(),
+            per_block: block_size,
+        }
     }
 
     /// Units ([`Blocks::units`]) per block: tokens, or bytes without a tokenizer.

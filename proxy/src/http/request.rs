@@ -246,6 +246,7 @@ impl<'a> LlmRequest<'a> {
             session,
             blocks: blocks_of.map(|b| b.hashes.clone()).unwrap_or_default(),
             tokens: blocks_of.map_or(0, |b| b.units),
+            per_block: blocks_of.map_or(0, |b| b.per_block),
         }
     }
 }

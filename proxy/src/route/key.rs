@@ -32,10 +32,10 @@ mod tests {
 
     #[test]
     fn prefix_key_is_the_nth_block_or_the_prefix_hash() {
-        let b = Blocks { hashes: vec![1, 2, 3], prefix_hash: 9, units: 50 };
+        let b = Blocks { hashes: vec![1, 2, 3], prefix_hash: 9, units: 50, per_block: 16 };
         assert_eq!(prefix_key(&b, 2), 2);
         assert_eq!(prefix_key(&b, 64), 3);
-        assert_eq!(prefix_key(&Blocks { hashes: vec![], prefix_hash: 9, units: 5 }, 64), 9);
+        assert_eq!(prefix_key(&Blocks { hashes: vec![], prefix_hash: 9, units: 5, per_block: 16 }, 64), 9);
     }
 
     #[test]

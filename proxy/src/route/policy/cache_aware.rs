@@ -37,6 +37,7 @@ use crate::route::index::PrefixIndex;
 #[derive(Debug)]
 pub struct CacheAware {
     index: Arc<PrefixIndex>,
+    /// Units per block when the key does not say.
     block_size: usize,
     /// Rendezvous seeds, one per backend (from its name, so replicas of warmpath agree).
     seeds: Vec<u64>,
@@ -112,8 +113,8 @@ impl CacheAware {
             .enumerate()
             .filter(|(_, c)| c.is_up())
             .map(|(i, c)| {
-                let cached =
-                    (u64::from(depths.get(i).copied().unwrap_or(0)) * self.block_size as u64).min(tokens);
+                let per_block = if key.per_block > 0 { key.per_block } else { self.block_size } as u64;
+                let cached = (u64::from(depths.get(i).copied().unwrap_or(0)) * per_block).min(tokens);
                 let running = (c.inflight as u64).max(u64::from(c.reported));
                 let work = (tokens - cached) + c.pending_tokens + self.decode_cost * running;
                 Estimate { index: i, cached, cost: work as f64 / f64::from(c.weight.max(1)) }

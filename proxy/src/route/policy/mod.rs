@@ -58,6 +58,8 @@ pub struct RouteKey {
     pub blocks: Vec<u64>,
     /// Prompt tokens (bytes where no tokenizer is known).
     pub tokens: usize,
+    /// Of those, per block.
+    pub per_block: usize,
 }
 
 /// A choice and its reason (the `reason` label of `warmpath_routing_decisions_total`).
