@@ -37,7 +37,7 @@ pub struct Metrics {
     pub load_scrapes: IntCounterVec,
     /// `pool`, `backend`, `kind` (`stored`, `removed` blocks; `cleared`; `malformed` batches).
     pub kv_events: IntCounterVec,
-    /// `pool`, `backend`: sequence gaps and restarts (the backend's entries were rebuilt).
+    /// `pool`, `backend`: sequence gaps and restarts (a restart drops the backend's entries).
     pub kv_event_gaps: IntCounterVec,
     /// `pool`, `backend`: 1 while its KV events drive the index, 0 while tracked approximately.
     pub kv_events_live: IntGaugeVec,
@@ -257,7 +257,7 @@ impl Metrics {
             ),
             kv_event_gaps: counter(
                 "warmpath_kv_event_gaps_total",
-                "Lost KV events (sequence gaps and restarts); the backend's index entries were rebuilt.",
+                "Lost KV events (sequence gaps and publisher restarts; a restart drops the backend's index entries).",
                 &["pool", "backend"],
             ),
             kv_events_live: gauge(

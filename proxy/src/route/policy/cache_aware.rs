@@ -41,7 +41,7 @@ pub struct CacheAware {
     block_size: usize,
     /// Rendezvous seeds, one per backend (from its name, so replicas of warmpath agree).
     seeds: Vec<u64>,
-    /// Per backend: its KV events are live, so routing does not insert into the index.
+    /// Per backend: its KV events are live (their state, for the feeds and metrics).
     precise: Vec<AtomicBool>,
     /// Per backend: when a request was last routed there (µs since `epoch`).
     routed_at: Vec<AtomicU64>,
@@ -90,7 +90,7 @@ impl CacheAware {
         &self.index
     }
 
-    /// Backend `i`'s events are live (precise) or not (its blocks are tracked from routing).
+    /// Backend `i`'s events are live (precise) or not (only routing tracks its blocks).
     pub fn set_precise(&self, i: usize, live: bool) {
         self.precise[i].store(live, Ordering::Relaxed);
     }
@@ -198,7 +198,11 @@ impl Policy for CacheAware {
     fn routed(&self, key: &RouteKey, d: &Decision) {
         let now = (self.epoch.elapsed().as_micros() as u64).max(1);
         self.routed_at[d.index].store(now, Ordering::Relaxed);
-        if !self.precise[d.index].load(Ordering::Relaxed) && !key.blocks.is_empty() {
+        // Recorded in both modes: a backend's events for this prompt come only after its
+        // prefill, and requests sharing the prefix that arrive meanwhile must already see it
+        // there. In precise mode the events then correct the guess: removals, and blocks other
+        // clients made.
+        if !key.blocks.is_empty() {
             self.index.insert(d.index, &key.blocks);
         }
         if let Some(s) = &key.session {
@@ -350,14 +354,15 @@ mod tests {
     }
 
     #[test]
-    fn precise_backends_are_not_written_by_routing() {
+    fn routing_records_the_prompt_before_its_events_come() {
         let p = policy(2);
         p.set_precise(0, true);
         p.set_precise(1, true);
         let mut c = up(2);
         let k = prompt(&[], 3, 10);
-        route(&p, &k, &mut c);
-        assert_eq!(p.index().len(), 0, "only events write a precise backend's blocks");
+        let d = route(&p, &k, &mut c);
+        assert_eq!(p.index().len(), 10);
+        assert_eq!(p.select(&k, &c).expect("pick").index, d.index);
     }
 
     #[test]
