@@ -277,6 +277,9 @@ pub struct CacheAwareConfig {
     /// `user`) until that backend's in-flight count exceeds this factor of the pool's mean
     /// (plus one), or it is down.
     pub overload_factor: f64,
+    /// A backend above this × the mean in-flight count (plus one) takes no new request while
+    /// another is below it (bounded load).
+    pub balance_factor: f64,
     /// How long a session remembers its backend.
     pub session_ttl_s: u64,
     /// How often each backend's `/metrics` is read for its load and KV capacity (0: never).
@@ -296,6 +299,7 @@ impl Default for CacheAwareConfig {
             tie_tokens: 64,
             spread_blocks: 2,
             overload_factor: 1.5,
+            balance_factor: 1.25,
             session_ttl_s: 600,
             scrape_interval_ms: 1000,
             event_timeout_ms: 5000,

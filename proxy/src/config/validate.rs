@@ -193,6 +193,11 @@ pub fn validate(cfg: &Config) -> Result<(), Invalid> {
                 .key("overload_factor")
                 .err(format!("{} must be at least 1.0", pool.cache_aware.overload_factor)));
         }
+        if pool.cache_aware.balance_factor.is_nan() || pool.cache_aware.balance_factor < 1.0 {
+            return Err(ca
+                .key("balance_factor")
+                .err(format!("{} must be at least 1.0", pool.cache_aware.balance_factor)));
+        }
         positive(ca.key("capacity_blocks"), pool.cache_aware.capacity_blocks as u64)?;
         positive(ca.key("spread_blocks"), pool.cache_aware.spread_blocks as u64)?;
         if pool.policy == PolicyKind::CacheAware && pool.cache_aware.mode == IndexMode::Precise {

@@ -51,6 +51,7 @@ pub struct CacheAware {
     tie_tokens: u64,
     spread_blocks: usize,
     overload_factor: f64,
+    balance_factor: f64,
 }
 
 /// One backend's numbers for one decision.
@@ -83,6 +84,7 @@ impl CacheAware {
             tie_tokens: cfg.tie_tokens,
             spread_blocks: cfg.spread_blocks.max(1),
             overload_factor: cfg.overload_factor,
+            balance_factor: cfg.balance_factor,
         }
     }
 
@@ -179,6 +181,16 @@ impl Policy for CacheAware {
             }
         }
 
+        // Bounded load: a backend already above `balance_factor` × the mean in-flight count
+        // (plus one) takes no more while another is below it, whatever it holds — what keeps a
+        // hot shared prefix from piling onto its first holder faster than its queue grows.
+        let up: Vec<&Candidate> = candidates.iter().filter(|c| c.is_up()).collect();
+        let mean = up.iter().map(|c| c.inflight as f64).sum::<f64>() / up.len().max(1) as f64;
+        let bound = self.balance_factor * mean + 1.0;
+        let within: Vec<Estimate> =
+            est.iter().copied().filter(|e| candidates[e.index].inflight as f64 <= bound).collect();
+        let est = if within.is_empty() { est } else { within };
+        let best = est.iter().map(|e| e.cost).fold(f64::INFINITY, f64::min);
         let spread = self.spread_key(key);
         let chosen = est
             .iter()
