@@ -228,12 +228,7 @@ pub async fn run(a: Args) -> anyhow::Result<()> {
         }
         let _ = writeln!(md);
     }
-    print!("{md}");
-    let out = a.out.unwrap_or_else(|| targets::root().join(format!("bench/results/overhead-{}.md", date())));
-    if !a.quick {
-        std::fs::write(&out, &md)?;
-        eprintln!("written: {}", out.display());
-    }
+    crate::report::publish(&md, "overhead", a.out, a.quick)?;
     drop(list);
     tokio::time::sleep(Duration::from_millis(100)).await;
     Ok(())

@@ -130,6 +130,20 @@ fn panel(out: &mut String, c: &Chart, top: f64) -> f64 {
     bottom
 }
 
+/// Prints a markdown report and, unless `quick`, writes it to `out` or to
+/// `bench/results/{stem}-DATE.md`.
+pub fn publish(md: &str, stem: &str, out: Option<std::path::PathBuf>, quick: bool) -> anyhow::Result<()> {
+    print!("{md}");
+    if !quick {
+        let out = out.unwrap_or_else(|| {
+            crate::targets::root().join(format!("bench/results/{stem}-{}.md", crate::overhead::date()))
+        });
+        std::fs::write(&out, md)?;
+        eprintln!("written: {}", out.display());
+    }
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -67,7 +67,7 @@ fn measure(n: usize, a: &Args) -> Row {
     // Room for what is indexed plus the turns routed while timing.
     let capacity = (a.blocks * 3 / 2 / n).max(PREFIX_BLOCKS * 4);
     let index = Arc::new(PrefixIndex::new(n, capacity, None));
-    let policy = CacheAware::new(&refs, index.clone(), 16, &CacheAwareConfig::default());
+    let policy = CacheAware::new(&refs, index.clone(), &CacheAwareConfig::default());
     let mut rng = Rng(0x2545_f491_4f6c_dd1d ^ n as u64);
     let roots: Vec<Vec<u64>> = (0..prefixes as u64).map(|p| chain(p, PREFIX_BLOCKS)).collect();
     for r in &roots {
@@ -88,7 +88,7 @@ fn measure(n: usize, a: &Args) -> Row {
                 roots[(rng.next() % prefixes as u64) as usize].clone()
             };
             blocks.extend(chain(1 << 40 | i as u64, TURN_BLOCKS));
-            RouteKey { tokens: blocks.len() * 16, blocks, ..RouteKey::default() }
+            RouteKey { tokens: blocks.len() * 16, per_block: 16, blocks, ..RouteKey::default() }
         })
         .collect();
     let mut times = Vec::with_capacity(keys.len());
@@ -181,13 +181,5 @@ pub fn run(a: Args) -> anyhow::Result<()> {
         );
     }
     let _ = writeln!(md, "\nTarget: decision p99 under 20 µs at 256 backends.");
-    print!("{md}");
-    if !a.quick {
-        let out = a.out.unwrap_or_else(|| {
-            crate::targets::root().join(format!("bench/results/route-cost-{}.md", crate::overhead::date()))
-        });
-        std::fs::write(&out, &md)?;
-        eprintln!("written: {}", out.display());
-    }
-    Ok(())
+    crate::report::publish(&md, "route-cost", a.out, a.quick)
 }

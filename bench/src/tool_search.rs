@@ -119,13 +119,5 @@ pub fn run(a: Args) -> anyhow::Result<()> {
         "- requests with no relevant tool in BM25's top 5: {}",
         if misses.is_empty() { "none".to_owned() } else { misses.join("; ") }
     );
-    print!("{md}");
-    if !a.quick {
-        let out = a.out.unwrap_or_else(|| {
-            crate::targets::root().join(format!("bench/results/tool-search-{}.md", crate::overhead::date()))
-        });
-        std::fs::write(&out, &md)?;
-        eprintln!("written: {}", out.display());
-    }
-    Ok(())
+    crate::report::publish(&md, "tool-search", a.out, a.quick)
 }

@@ -150,64 +150,51 @@ fn template_of(config: &Value) -> Option<String> {
 /// A message as vLLM hands it to the template: text parts joined by newlines, tool-call
 /// arguments parsed into objects.
 fn as_vllm_passes(m: &JValue) -> JValue {
-    if m.kind() != ValueKind::Map {
-        return m.clone();
-    }
-    let entries = m.try_iter().into_iter().flatten().map(|k| {
-        let v = m.get_item(&k).unwrap_or_default();
-        let v = match (k.as_str(), v.kind()) {
-            (Some("content"), ValueKind::Seq) => {
-                let texts: Vec<String> = v
-                    .try_iter()
-                    .into_iter()
-                    .flatten()
-                    .filter_map(|p| p.get_attr("text").ok().and_then(|t| t.as_str().map(str::to_owned)))
-                    .collect();
-                JValue::from(texts.join("\n"))
-            }
-            (Some("tool_calls"), ValueKind::Seq) => {
-                v.try_iter().into_iter().flatten().map(|c| with_parsed_arguments(&c)).collect()
-            }
-            _ => v,
-        };
-        (k, v)
-    });
-    JValue::from_pairs(entries.collect::<Vec<_>>())
-}
-
-fn with_parsed_arguments(call: &JValue) -> JValue {
-    let replace = |k: JValue, v: JValue, key: &str, f: &dyn Fn(&JValue) -> Option<JValue>| {
-        let new = (k.as_str() == Some(key)).then(|| f(&v)).flatten();
-        (k, new.unwrap_or(v))
-    };
-    let args = |f: &JValue| -> Option<JValue> {
-        let parsed = parse(f.as_str()?)?;
-        (parsed.kind() == ValueKind::Map).then_some(parsed)
-    };
-    let function = |f: &JValue| -> Option<JValue> {
-        (f.kind() == ValueKind::Map).then(|| {
-            let entries: Vec<_> = f
+    map_values(m, |k, v| match (k, v.kind()) {
+        ("content", ValueKind::Seq) => {
+            let texts: Vec<String> = v
                 .try_iter()
                 .into_iter()
                 .flatten()
-                .map(|k| {
-                    let v = f.get_item(&k).unwrap_or_default();
-                    replace(k, v, "arguments", &args)
-                })
+                .filter_map(|p| p.get_attr("text").ok().and_then(|t| t.as_str().map(str::to_owned)))
                 .collect();
-            JValue::from_pairs(entries)
-        })
-    };
-    if call.kind() != ValueKind::Map {
-        return call.clone();
+            JValue::from(texts.join("\n"))
+        }
+        ("tool_calls", ValueKind::Seq) => {
+            v.try_iter().into_iter().flatten().map(|c| with_parsed_arguments(&c)).collect()
+        }
+        _ => v,
+    })
+}
+
+/// `{"function": {"arguments": "{…}"}}` with the arguments string parsed, where it is an object.
+fn with_parsed_arguments(call: &JValue) -> JValue {
+    map_values(call, |k, f| match k {
+        "function" => map_values(&f, |k, args| match (k, args.as_str().and_then(parse)) {
+            ("arguments", Some(parsed)) if parsed.kind() == ValueKind::Map => parsed,
+            _ => args,
+        }),
+        _ => f,
+    })
+}
+
+/// `v` with each entry's value passed through `f(key, value)`, keys in their order; anything
+/// but a map as it is.
+fn map_values(v: &JValue, f: impl Fn(&str, JValue) -> JValue) -> JValue {
+    if v.kind() != ValueKind::Map {
+        return v.clone();
     }
-    let entries: Vec<_> = call
+    let entries: Vec<(JValue, JValue)> = v
         .try_iter()
         .into_iter()
         .flatten()
         .map(|k| {
-            let v = call.get_item(&k).unwrap_or_default();
-            replace(k, v, "function", &function)
+            let value = v.get_item(&k).unwrap_or_default();
+            let value = match k.as_str() {
+                Some(name) => f(name, value),
+                None => value,
+            };
+            (k, value)
         })
         .collect();
     JValue::from_pairs(entries)

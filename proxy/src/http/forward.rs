@@ -102,9 +102,9 @@ pub async fn serve(
         Err(e) => return reject(state, session, ctx, &e, "bad_request").await,
     };
     state.metrics.record_canon(&pool.name, &pool.canon, &prepared, started.elapsed());
-    let key = parsed.route_key(pool, session_header, prepared.blocks.as_ref());
-    drop(parsed);
     let prefix_hdr = prepared.blocks.as_ref().map(|b| format!("{:016x}", b.prefix_hash));
+    let key = parsed.route_key(pool, session_header, prepared.blocks);
+    drop(parsed);
     let search = prepared.search;
     let body = prepared.body.map(Bytes::from).unwrap_or(body);
     let template = upstream_template(session.req_header());

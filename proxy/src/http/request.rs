@@ -227,10 +227,13 @@ impl<'a> LlmRequest<'a> {
     }
 
     /// The routing key the pool's policy asks for, from the prompt's prefix blocks (computed
-    /// where the policy wants a prefix) and the session fields.
-    pub fn route_key(&self, pool: &Pool, session_header: Option<&str>, blocks: Option<&Blocks>) -> RouteKey {
-        let prefix =
-            blocks.filter(|_| pool.policy.wants_prefix()).map(|b| key::prefix_key(b, pool.prefix_blocks));
+    /// where the policy wants a prefix or blocks; moved into the key, not copied) and the
+    /// session fields.
+    pub fn route_key(&self, pool: &Pool, session_header: Option<&str>, blocks: Option<Blocks>) -> RouteKey {
+        let prefix = blocks
+            .as_ref()
+            .filter(|_| pool.policy.wants_prefix())
+            .map(|b| key::prefix_key(b, pool.prefix_blocks));
         let session = pool
             .policy
             .wants_session()
@@ -239,15 +242,13 @@ impl<'a> LlmRequest<'a> {
                 key::session_key(session_header, from_body)
             })
             .flatten();
-        let wants_blocks = pool.policy.wants_blocks();
-        let blocks_of = blocks.filter(|_| wants_blocks);
-        RouteKey {
-            prefix,
-            session,
-            blocks: blocks_of.map(|b| b.hashes.clone()).unwrap_or_default(),
-            tokens: blocks_of.map_or(0, |b| b.units),
-            per_block: blocks_of.map_or(0, |b| b.per_block),
+        let mut k = RouteKey { prefix, session, ..RouteKey::default() };
+        if let Some(b) = blocks.filter(|_| pool.policy.wants_blocks()) {
+            k.tokens = b.units;
+            k.per_block = b.per_block;
+            k.blocks = b.hashes;
         }
+        k
     }
 }
 

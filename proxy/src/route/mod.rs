@@ -226,8 +226,7 @@ fn build_pool(pc: &PoolConfig, backends: Vec<Arc<Backend>>, cfg: &Config) -> Poo
             let ca = &pc.cache_aware;
             let ttl = (ca.ttl_s > 0).then(|| Duration::from_secs(ca.ttl_s));
             let index = Arc::new(index::PrefixIndex::new(backends.len(), ca.capacity_blocks, ttl));
-            let units = canon.encoder().block_units();
-            let p = Arc::new(policy::CacheAware::new(&names, index, units, ca));
+            let p = Arc::new(policy::CacheAware::new(&names, index, ca));
             cache_aware = Some(p.clone());
             p
         }

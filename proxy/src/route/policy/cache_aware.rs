@@ -37,8 +37,6 @@ use crate::route::index::PrefixIndex;
 #[derive(Debug)]
 pub struct CacheAware {
     index: Arc<PrefixIndex>,
-    /// Units per block when the key does not say.
-    block_size: usize,
     /// Rendezvous seeds, one per backend (from its name, so replicas of warmpath agree).
     seeds: Vec<u64>,
     /// Per backend: its KV events are live (their state, for the feeds and metrics).
@@ -63,15 +61,9 @@ struct Estimate {
 }
 
 impl CacheAware {
-    pub fn new(
-        names: &[&str],
-        index: Arc<PrefixIndex>,
-        block_size: usize,
-        cfg: &CacheAwareConfig,
-    ) -> CacheAware {
+    pub fn new(names: &[&str], index: Arc<PrefixIndex>, cfg: &CacheAwareConfig) -> CacheAware {
         CacheAware {
             index,
-            block_size: block_size.max(1),
             seeds: names.iter().map(|n| xxhash_rust::xxh3::xxh3_64(n.as_bytes())).collect(),
             precise: names.iter().map(|_| AtomicBool::new(false)).collect(),
             routed_at: names.iter().map(|_| AtomicU64::new(0)).collect(),
@@ -110,12 +102,12 @@ impl CacheAware {
     fn estimates(&self, key: &RouteKey, candidates: &[Candidate]) -> Vec<Estimate> {
         let depths = if key.blocks.is_empty() { Vec::new() } else { self.index.depths(&key.blocks) };
         let tokens = key.tokens as u64;
+        let per_block = key.per_block as u64;
         candidates
             .iter()
             .enumerate()
             .filter(|(_, c)| c.is_up())
             .map(|(i, c)| {
-                let per_block = if key.per_block > 0 { key.per_block } else { self.block_size } as u64;
                 let cached = (u64::from(depths.get(i).copied().unwrap_or(0)) * per_block).min(tokens);
                 let running = (c.inflight as u64).max(u64::from(c.reported));
                 let work = (tokens - cached) + c.pending_tokens + self.decode_cost * running;
@@ -135,12 +127,6 @@ impl CacheAware {
             n => key.blocks[n.min(self.spread_blocks) - 1],
         }
     }
-
-    fn overloaded(&self, i: usize, candidates: &[Candidate]) -> bool {
-        let up: Vec<&Candidate> = candidates.iter().filter(|c| c.is_up()).collect();
-        let mean = up.iter().map(|c| c.inflight as f64).sum::<f64>() / up.len().max(1) as f64;
-        candidates[i].inflight as f64 > self.overload_factor * mean + 1.0
-    }
 }
 
 impl Policy for CacheAware {
@@ -158,10 +144,12 @@ impl Policy for CacheAware {
 
     fn select(&self, key: &RouteKey, candidates: &[Candidate]) -> Option<Decision> {
         let est = self.estimates(key, candidates);
-        let best = est.iter().map(|e| e.cost).fold(f64::INFINITY, f64::min);
-        if !best.is_finite() {
+        if est.is_empty() {
             return None;
         }
+        // Mean in-flight count of the backends that are up (the estimates' backends).
+        let mean = est.iter().map(|e| candidates[e.index].inflight as f64).sum::<f64>() / est.len() as f64;
+        let inflight = |i: usize| candidates[i].inflight as f64;
         let most_cached = est.iter().map(|e| e.cached).max().unwrap_or(0);
         let detail = |e: &Estimate| {
             format!("cached={}/{}; cost={:.0}; best_cached={most_cached}", e.cached, key.tokens, e.cost)
@@ -176,7 +164,9 @@ impl Policy for CacheAware {
         let mut moved = false;
         if let Some(home) = key.session.as_ref().and_then(|s| self.sticky.get(s)) {
             match est.iter().find(|e| e.index == home) {
-                Some(e) if !self.overloaded(home, candidates) => return Some(decision(e, "affinity")),
+                Some(e) if inflight(home) <= self.overload_factor * mean + 1.0 => {
+                    return Some(decision(e, "affinity"))
+                }
                 _ => moved = true,
             }
         }
@@ -184,11 +174,8 @@ impl Policy for CacheAware {
         // Bounded load: a backend already above `balance_factor` × the mean in-flight count
         // (plus one) takes no more while another is below it, whatever it holds — what keeps a
         // hot shared prefix from piling onto its first holder faster than its queue grows.
-        let up: Vec<&Candidate> = candidates.iter().filter(|c| c.is_up()).collect();
-        let mean = up.iter().map(|c| c.inflight as f64).sum::<f64>() / up.len().max(1) as f64;
         let bound = self.balance_factor * mean + 1.0;
-        let within: Vec<Estimate> =
-            est.iter().copied().filter(|e| candidates[e.index].inflight as f64 <= bound).collect();
+        let within: Vec<Estimate> = est.iter().copied().filter(|e| inflight(e.index) <= bound).collect();
         let est = if within.is_empty() { est } else { within };
         let best = est.iter().map(|e| e.cost).fold(f64::INFINITY, f64::min);
         let spread = self.spread_key(key);
@@ -235,7 +222,7 @@ mod tests {
         let names: Vec<String> = (0..n).map(|i| format!("b{i}")).collect();
         let refs: Vec<&str> = names.iter().map(String::as_str).collect();
         let index = Arc::new(PrefixIndex::new(n, 100_000, None));
-        CacheAware::new(&refs, index, 16, &CacheAwareConfig::default())
+        CacheAware::new(&refs, index, &CacheAwareConfig::default())
     }
 
     fn chain(root: u64, n: usize) -> Vec<u64> {
@@ -246,7 +233,7 @@ mod tests {
     fn prompt(shared: &[u64], own: u64, own_blocks: usize) -> RouteKey {
         let mut blocks = shared.to_vec();
         blocks.extend(chain(own, own_blocks));
-        RouteKey { tokens: blocks.len() * 16, blocks, ..RouteKey::default() }
+        RouteKey { tokens: blocks.len() * 16, per_block: 16, blocks, ..RouteKey::default() }
     }
 
     /// Routes like the pool does: select, then tell the policy; `pending` tracks the prefill
