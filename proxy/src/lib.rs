@@ -3,10 +3,12 @@
 //! A request goes through the stages in this order, each a module that owns its state:
 //! [`http`] (pingora phases: read and parse the body, relay the answer) → [`route`] (model →
 //! pool → policy → backend, health, retries) → the backend → [`http::relay`] back to the
-//! client, with [`observe`] counting along the way. [`config`] is the policy file,
+//! client, with [`observe`] counting along the way; [`cache`] answers repeated deterministic
+//! requests without a backend. [`config`] is the policy file,
 //! [`embedded`] starts bundled engine replicas, [`limits`] holds the connection-level limits
 //! pingora lacks, and [`server`] assembles the process. See `docs/ARCHITECTURE.md`.
 
+pub mod cache;
 pub mod canon;
 pub mod cli;
 pub mod config;

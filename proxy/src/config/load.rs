@@ -181,6 +181,18 @@ url = "http://127.0.0.1:8000"
     }
 
     #[test]
+    fn response_cache_limits_are_checked() {
+        let rc = |body: &str| format!("{MINIMAL}[pools.response_cache]\nenabled = true\n{body}\n");
+        parse("p.toml", &rc("max_mib = 8\nttl_s = 30\nshared = true")).expect("valid");
+        let e = err(&rc("ttl_s = 0"));
+        assert!(e.message.starts_with("pools[0].response_cache.ttl_s: must be positive"), "{e}");
+        let e = err(&rc("max_mib = 1\nmax_entry_kib = 2048"));
+        assert!(e.message.contains("more than the whole cache"), "{e}");
+        assert_eq!(e.line, 12, "{e}");
+        parse("p.toml", &format!("{MINIMAL}[pools.response_cache]\nttl_s = 0\n")).expect("off: not checked");
+    }
+
+    #[test]
     fn missing_parts_fall_back_to_the_closest_table() {
         let e = err("[server]\nthreads = 2\n");
         assert!(e.message.starts_with("pools: at least one"), "{e}");

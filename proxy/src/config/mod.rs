@@ -215,6 +215,8 @@ pub struct PoolConfig {
     #[serde(default)]
     pub tools: ToolsConfig,
     #[serde(default)]
+    pub response_cache: ResponseCacheConfig,
+    #[serde(default)]
     pub backends: Vec<BackendConfig>,
     /// Start bundled engine replicas instead of naming backends.
     #[serde(default)]
@@ -304,6 +306,29 @@ impl Default for CacheAwareConfig {
             scrape_interval_ms: 1000,
             event_timeout_ms: 5000,
         }
+    }
+}
+
+/// `[pools.response_cache]`: complete responses of deterministic requests (temperature 0 or a
+/// fixed seed, one choice), served again to the same request without a backend.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ResponseCacheConfig {
+    pub enabled: bool,
+    /// Memory for cached responses, in MiB.
+    pub max_mib: u64,
+    /// Largest response kept, in KiB; larger ones are served and not kept.
+    pub max_entry_kib: u64,
+    /// Seconds a response is served from the cache after it was stored.
+    pub ttl_s: u64,
+    /// One cache for every caller; by default each API key (`Authorization` header) has its own,
+    /// so that no caller learns what another asked.
+    pub shared: bool,
+}
+
+impl Default for ResponseCacheConfig {
+    fn default() -> Self {
+        ResponseCacheConfig { enabled: false, max_mib: 256, max_entry_kib: 1024, ttl_s: 300, shared: false }
     }
 }
 

@@ -230,6 +230,21 @@ pub fn validate(cfg: &Config) -> Result<(), Invalid> {
                 )));
             }
         }
+        let rc = p.key("response_cache");
+        if pool.response_cache.enabled {
+            positive(rc.key("max_mib"), pool.response_cache.max_mib)?;
+            positive(rc.key("max_entry_kib"), pool.response_cache.max_entry_kib)?;
+            positive(rc.key("ttl_s"), pool.response_cache.ttl_s)?;
+            if pool.response_cache.max_entry_kib > pool.response_cache.max_mib.saturating_mul(1024) {
+                return Err(rc.key("max_entry_kib").err(format!(
+                    "{} KiB is more than the whole cache (max_mib = {})",
+                    pool.response_cache.max_entry_kib, pool.response_cache.max_mib
+                )));
+            }
+            if pool.response_cache.max_entry_kib > u64::from(u32::MAX >> 10) {
+                return Err(rc.key("max_entry_kib").err("at most 4 GiB per entry"));
+            }
+        }
         if pool.session.overload_factor.is_nan() || pool.session.overload_factor < 1.0 {
             return Err(p
                 .key("session")

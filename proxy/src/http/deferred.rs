@@ -183,6 +183,10 @@ async fn whole(
         let mut resp = copy_response_header(&header, &r.backend.name, shown)?;
         resp.insert_header(header::CONTENT_LENGTH, out.len().to_string())?;
         ctx.status = resp.status.as_u16();
+        if let Some((_, rec)) = &mut ctx.recording {
+            rec.header(status, header.headers.get(header::CONTENT_TYPE));
+            rec.push(&out);
+        }
         if session.write_response_header(Box::new(resp), false).await.is_err()
             || session.write_response_body(Some(Bytes::from(out)), true).await.is_err()
         {
@@ -190,6 +194,9 @@ async fn whole(
             ctx.client_gone = true;
         } else {
             ctx.first_byte.get_or_insert_with(Instant::now);
+            if let Some((_, rec)) = &mut ctx.recording {
+                rec.complete();
+            }
         }
         return Ok(Attempt::Done);
     }
@@ -218,6 +225,9 @@ async fn stream(
     if session.write_response_header(Box::new(resp), false).await.is_err() {
         r.state.metrics.client_disconnects.inc();
         return Ok(Attempt::Done);
+    }
+    if let Some((_, rec)) = &mut ctx.recording {
+        rec.header(ctx.status, header.headers.get(header::CONTENT_TYPE));
     }
     let mut round = StreamRound::default();
     let mut usage: Option<Value> = None;
@@ -249,6 +259,9 @@ async fn stream(
                     }
                     if !out.is_empty() {
                         tail.push(out.as_bytes());
+                        if let Some((_, rec)) = &mut ctx.recording {
+                            rec.push(out.as_bytes());
+                        }
                         if session.write_response_body(Some(Bytes::from(out)), false).await.is_err() {
                             r.state.metrics.client_disconnects.inc();
                             ctx.client_gone = true;
@@ -320,9 +333,14 @@ async fn stream(
         }
         r.backend.record_success(&r.state.cfg.health, Instant::now());
         end.push_str(&search::closing(usage, round.last_chunk.as_ref(), round.id.as_deref()));
+        if let Some((_, rec)) = &mut ctx.recording {
+            rec.push(end.as_bytes());
+        }
         if session.write_response_body(Some(Bytes::from(end)), true).await.is_err() {
             r.state.metrics.client_disconnects.inc();
             ctx.client_gone = true;
+        } else if let Some((_, rec)) = &mut ctx.recording {
+            rec.complete();
         }
         return Ok(Attempt::Done);
     }

@@ -21,6 +21,7 @@ use super::relay::{client_gone, end_stream_with_error, pump, Pumped, Tail};
 use super::request::{LlmRequest, LlmRoute};
 use super::respond::{self, send_error};
 use super::{AppState, RequestCtx};
+use crate::cache::{Directives, Entry, Recording, ResponseCache, Verdict};
 use crate::route::{Backend, Ejection, NoBackend, Pool, Selected};
 
 /// Most bytes of a 5xx body kept to hand to the client if no retry succeeds.
@@ -103,6 +104,24 @@ pub async fn serve(
     };
     state.metrics.record_canon(&pool.name, &pool.canon, &prepared, started.elapsed());
     let prefix_hdr = prepared.blocks.as_ref().map(|b| format!("{:016x}", b.prefix_hash));
+    let mut cache_hdr = None;
+    if let Some(cache) = &pool.response_cache {
+        let sent: &[u8] = prepared.body.as_deref().unwrap_or(&body);
+        match look_up(cache, pool, session.req_header(), &parsed, route, sent) {
+            Looked::Hit(entry) => {
+                state.metrics.response_cache_requests.with_label_values(&[&pool.name, "hit"]).inc();
+                return replay(state, session, ctx, &entry, prefix_hdr.as_deref()).await;
+            }
+            Looked::Miss(rec) => {
+                state.metrics.response_cache_requests.with_label_values(&[&pool.name, "miss"]).inc();
+                ctx.recording = Some((pool.clone(), rec));
+            }
+            Looked::Bypass => {
+                state.metrics.response_cache_requests.with_label_values(&[&pool.name, "bypass"]).inc();
+            }
+        }
+        cache_hdr = Some("miss");
+    }
     let key = parsed.route_key(pool, session_header, prepared.blocks);
     drop(parsed);
     let search = prepared.search;
@@ -141,7 +160,7 @@ pub async fn serve(
         if attempt > 1 {
             route_hdr.push_str(&format!("; attempt={attempt}"));
         }
-        let shown = Shown { route: &route_hdr, prefix: prefix_hdr.as_deref() };
+        let shown = Shown { route: &route_hdr, prefix: prefix_hdr.as_deref(), cache: cache_hdr };
         match try_backend(state, session, ctx, route, pool, &sel, &template, &body, shown, search.as_ref())
             .await?
         {
@@ -156,7 +175,7 @@ pub async fn serve(
     // Every attempt failed before anything reached the client.
     match last {
         Some(Failure::Status { header, body }) => {
-            let shown = Shown { route: "exhausted", prefix: prefix_hdr.as_deref() };
+            let shown = Shown { route: "exhausted", prefix: prefix_hdr.as_deref(), cache: cache_hdr };
             let mut resp = copy_response_header(&header, ctx.backend.as_deref().unwrap_or(""), shown)?;
             resp.insert_header(header::CONTENT_LENGTH, body.len().to_string())?;
             ctx.status = resp.status.as_u16();
@@ -243,6 +262,8 @@ pub(super) struct Shown<'a> {
     pub route: &'a str,
     /// `x-warmpath-prefix-hash`, where the prompt was cut into blocks.
     pub prefix: Option<&'a str>,
+    /// `x-warmpath-cache`, where the pool has a response cache.
+    pub cache: Option<&'a str>,
 }
 
 /// What the client sees of the backend's header: everything but hop-by-hop fields, plus
@@ -260,6 +281,9 @@ pub(super) fn copy_response_header(
     resp.insert_header("x-warmpath-route", shown.route)?;
     if let Some(p) = shown.prefix {
         resp.insert_header("x-warmpath-prefix-hash", p)?;
+    }
+    if let Some(c) = shown.cache {
+        resp.insert_header("x-warmpath-cache", c)?;
     }
     Ok(resp)
 }
@@ -356,6 +380,9 @@ async fn try_backend(
         };
         return super::deferred::serve(rounds, session, ctx, route, up, up_header, shown).await;
     }
+    if let Some((_, rec)) = &mut ctx.recording {
+        rec.header(status, up_header.headers.get(header::CONTENT_TYPE));
+    }
     let mut resp = copy_response_header(&up_header, &backend.name, shown)?;
     match up_header.headers.get(header::CONTENT_LENGTH) {
         Some(len) => resp.insert_header(header::CONTENT_LENGTH, len.clone())?,
@@ -371,7 +398,8 @@ async fn try_backend(
         return Ok(Attempt::Done);
     }
     let mut tail = Tail::default();
-    match pump(&mut up, session, &mut ctx.first_byte, &sel.prefill, &mut tail).await {
+    let rec = ctx.recording.as_mut().map(|(_, r)| r);
+    match pump(&mut up, session, &mut ctx.first_byte, &sel.prefill, &mut tail, rec).await {
         Pumped::Complete if sse && route.ends_with_done() && status == 200 && !tail.saw_done() => {
             // Complete at the HTTP level but not as a stream: the client could not tell it
             // from a truncated answer, so it gets the error event a cut stream gets.
@@ -389,6 +417,8 @@ async fn try_backend(
             if session.write_response_body(None, true).await.is_err() {
                 state.metrics.client_disconnects.inc();
                 ctx.client_gone = true;
+            } else if let Some((_, rec)) = &mut ctx.recording {
+                rec.complete();
             }
         }
         Pumped::ClientGone => {
@@ -410,4 +440,91 @@ async fn try_backend(
         }
     }
     Ok(Attempt::Done)
+}
+
+enum Looked {
+    Hit(Arc<Entry>),
+    /// Eligible and not held: the answer is recorded.
+    Miss(Recording),
+    /// Not deterministic, or the client said `Cache-Control: no-store`.
+    Bypass,
+}
+
+/// The response cache's answer for a request: a hit, or a recording for its answer.
+fn look_up(
+    cache: &ResponseCache,
+    pool: &Pool,
+    req: &RequestHeader,
+    parsed: &LlmRequest<'_>,
+    route: LlmRoute,
+    sent: &[u8],
+) -> Looked {
+    let directives = Directives::parse(req.headers.get(header::CACHE_CONTROL).map(|v| v.as_bytes()));
+    if directives.no_store {
+        return Looked::Bypass;
+    }
+    if let Verdict::Bypass(why) = crate::cache::verdict(parsed) {
+        tracing::debug!(why, "response cache bypassed");
+        return Looked::Bypass;
+    }
+    let auth = req.headers.get(header::AUTHORIZATION).map(|v| v.as_bytes());
+    let key = cache.key(&pool.name, route, parsed.model(), auth, sent);
+    match cache.get(key).filter(|_| !directives.no_lookup) {
+        Some(entry) => Looked::Hit(entry),
+        None => Looked::Miss(cache.record(key)),
+    }
+}
+
+/// Answers from the response cache: the kept body, a stream chunk by chunk as it was relayed.
+async fn replay(
+    state: &AppState,
+    session: &mut Session,
+    ctx: &mut RequestCtx,
+    entry: &Entry,
+    prefix: Option<&str>,
+) -> pingora::Result<()> {
+    let mut resp = ResponseHeader::build(200, Some(6))?;
+    if let Some(ct) = &entry.content_type {
+        resp.insert_header(header::CONTENT_TYPE, ct.clone())?;
+    }
+    if entry.stream {
+        resp.insert_header(header::TRANSFER_ENCODING, "chunked")?;
+    } else {
+        resp.insert_header(header::CONTENT_LENGTH, entry.len().to_string())?;
+    }
+    resp.insert_header("x-warmpath-route", "response_cache; reason=hit")?;
+    resp.insert_header("x-warmpath-cache", "hit")?;
+    resp.insert_header(header::AGE, entry.age().as_secs().to_string())?;
+    if let Some(p) = prefix {
+        resp.insert_header("x-warmpath-prefix-hash", p)?;
+    }
+    ctx.status = 200;
+    let mut ok = session.write_response_header(Box::new(resp), entry.is_empty()).await.is_ok();
+    for chunk in entry.chunks() {
+        if !ok {
+            break;
+        }
+        ok = session.write_response_body(Some(chunk), false).await.is_ok();
+        ctx.first_byte.get_or_insert_with(Instant::now);
+    }
+    if ok && !entry.is_empty() {
+        ok = session.write_response_body(None, true).await.is_ok();
+    }
+    if !ok {
+        state.metrics.client_disconnects.inc();
+        ctx.client_gone = true;
+    }
+    Ok(())
+}
+
+/// Keeps (or not) the answer recorded for the response cache; called once the request is over.
+pub fn finish_recording(metrics: &crate::observe::Metrics, ctx: &mut RequestCtx) {
+    let Some((pool, rec)) = ctx.recording.take() else { return };
+    let Some(cache) = &pool.response_cache else { return };
+    let outcome = cache.store(rec);
+    metrics.response_cache_stores.with_label_values(&[&pool.name, outcome.label()]).inc();
+    if outcome == crate::cache::Stored::Stored {
+        metrics.response_cache_bytes.with_label_values(&[&pool.name]).set(cache.bytes() as i64);
+        metrics.response_cache_entries.with_label_values(&[&pool.name]).set(cache.entries() as i64);
+    }
 }

@@ -48,6 +48,9 @@ pub struct RequestCtx {
     pub client_gone: bool,
     /// A body with a length was cut short (the connection was closed).
     pub truncated: bool,
+    /// The answer being copied aside for the pool's response cache (kept, or not, in
+    /// `logging`).
+    pub recording: Option<(Arc<crate::route::Pool>, crate::cache::Recording)>,
 }
 
 pub struct WarmpathProxy {
@@ -85,6 +88,7 @@ impl ProxyHttp for WarmpathProxy {
             first_byte: None,
             client_gone: false,
             truncated: false,
+            recording: None,
         }
     }
 
@@ -135,6 +139,7 @@ impl ProxyHttp for WarmpathProxy {
     async fn logging(&self, session: &mut Session, e: Option<&Error>, ctx: &mut RequestCtx) {
         crate::limits::request_done(session);
         let m = &self.state.metrics;
+        forward::finish_recording(m, ctx);
         let status = match (ctx.status, e) {
             (0, Some(_)) => 500,
             (0, None) => session.response_written().map(|r| r.status.as_u16()).unwrap_or(0),

@@ -10,6 +10,7 @@ use warmpath_wire::openai::ApiError;
 
 use super::client::FailKind;
 use super::request::LlmRoute;
+use crate::cache::Recording;
 use crate::route::PrefillTicket;
 
 /// How a relay ended.
@@ -60,14 +61,15 @@ impl Tail {
     }
 }
 
-/// Copies the body from `up` to the client. `first_byte` is set and `prefill` released when
-/// the first chunk is sent.
+/// Copies the body from `up` to the client (and to `rec`, for the response cache).
+/// `first_byte` is set and `prefill` released when the first chunk is sent.
 pub async fn pump(
     up: &mut HttpSession,
     session: &mut Session,
     first_byte: &mut Option<Instant>,
     prefill: &PrefillTicket,
     tail: &mut Tail,
+    mut rec: Option<&mut Recording>,
 ) -> Pumped {
     loop {
         if up.response_done() {
@@ -86,6 +88,9 @@ pub async fn pump(
                     continue;
                 }
                 tail.push(&bytes);
+                if let Some(r) = rec.as_deref_mut() {
+                    r.push(&bytes);
+                }
                 if session.write_response_body(Some(bytes), false).await.is_err() {
                     return Pumped::ClientGone;
                 }

@@ -88,6 +88,14 @@ pub struct Metrics {
     pub tools_loaded: IntCounterVec,
     /// `pool`: time to answer a search round and write the next request.
     pub tool_search_duration: HistogramVec,
+    /// `pool`, `result` (`hit`, `miss`, `bypass`): requests to a pool with a response cache.
+    pub response_cache_requests: IntCounterVec,
+    /// `pool`, `outcome` (`stored`, `too_large`, `incomplete`): answers to cache misses.
+    pub response_cache_stores: IntCounterVec,
+    /// `pool`: bytes held by the response cache.
+    pub response_cache_bytes: IntGaugeVec,
+    /// `pool`: answers held by the response cache.
+    pub response_cache_entries: IntGaugeVec,
 }
 
 impl Metrics {
@@ -132,6 +140,26 @@ impl Metrics {
             h
         };
         let m = Metrics {
+            response_cache_requests: counter(
+                "warmpath_response_cache_requests_total",
+                "Requests to pools with a response cache, by result (bypass: not deterministic).",
+                &["pool", "result"],
+            ),
+            response_cache_stores: counter(
+                "warmpath_response_cache_stores_total",
+                "Answers to response-cache misses, by what became of them.",
+                &["pool", "outcome"],
+            ),
+            response_cache_bytes: gauge(
+                "warmpath_response_cache_bytes",
+                "Bytes held by the response cache.",
+                &["pool"],
+            ),
+            response_cache_entries: gauge(
+                "warmpath_response_cache_entries",
+                "Answers held by the response cache.",
+                &["pool"],
+            ),
             canon_edits: counter(
                 "warmpath_canon_edits_total",
                 "Requests that canonicalization changed, by edit.",

@@ -41,6 +41,8 @@ pub struct Pool {
     pub prefix_blocks: usize,
     /// How this pool's requests are canonicalized and cut into prefix blocks.
     pub canon: crate::canon::Canon,
+    /// `[pools.response_cache]`, where enabled.
+    pub response_cache: Option<crate::cache::ResponseCache>,
     pub budget: RetryBudget,
 }
 
@@ -240,6 +242,10 @@ fn build_pool(pc: &PoolConfig, backends: Vec<Arc<Backend>>, cfg: &Config) -> Poo
         max_inflight: pc.max_inflight_per_backend,
         prefix_blocks: pc.prefix_hash.prefix_blocks,
         canon,
+        response_cache: pc
+            .response_cache
+            .enabled
+            .then(|| crate::cache::ResponseCache::new(&pc.response_cache)),
         budget: RetryBudget::new(cfg.retry.budget_ratio.0, cfg.retry.min_retries_per_sec),
     }
 }
