@@ -100,6 +100,55 @@ fn prefix_hash_keeps_a_prefix_on_one_backend_and_spreads_prefixes() {
 }
 
 #[test]
+fn cache_aware_sends_a_chained_response_where_its_predecessor_is() {
+    // Backends that store responses (vLLM's `store`) can only continue their own: each answer's
+    // id names the backend that made it.
+    let ups: Vec<Scripted> = (0..3)
+        .map(|b| {
+            let n = std::sync::atomic::AtomicUsize::new(0);
+            Scripted::start_with(move |_| {
+                let i = n.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                json!({"id": format!("resp_b{b}_{i}"), "object": "response", "status": "completed",
+                       "output": [{"id": format!("msg_{i}"), "type": "message", "role": "assistant",
+                                   "content": [{"type": "output_text", "text": "ok"}]}]})
+            })
+        })
+        .collect();
+    let named: Vec<(&'static str, String)> =
+        ups.iter().enumerate().map(|(i, u)| (["b0", "b1", "b2"][i], u.url())).collect();
+    let proxy = Proxy::start(&policy(
+        "[health]\nenabled = false\n",
+        "policy = \"cache_aware\"\n[pools.cache_aware]\nscrape_interval_ms = 0",
+        &["m"],
+        &named,
+    ));
+    let mut homes = HashMap::new();
+    for chain in 0..6 {
+        let mut prev: Option<String> = None;
+        for hop in 0..4 {
+            // Every hop is a new prompt: only the chain says where it belongs.
+            let mut body = json!({"model": "m", "input": format!("chain {chain} hop {hop}: {}", "x ".repeat(40 * hop + chain))});
+            if let Some(p) = &prev {
+                body["previous_response_id"] = json!(p);
+            }
+            let r = post_json(proxy.addr, "/v1/responses", &body);
+            assert_eq!(r.status, 200, "{}", r.text());
+            let backend = r.header("x-warmpath-backend").expect("backend").to_owned();
+            let id = r.json()["id"].as_str().expect("id").to_owned();
+            assert!(id.starts_with(&format!("resp_{backend}_")), "{id} from {backend}");
+            if let Some(p) = &prev {
+                assert!(p.starts_with(&format!("resp_{backend}_")), "{p} continued on {backend}");
+                let route = r.header("x-warmpath-route").unwrap_or("");
+                assert!(route.contains("reason=affinity"), "{route}");
+            }
+            *homes.entry(backend).or_insert(0) += 1;
+            prev = Some(id);
+        }
+    }
+    assert!(homes.len() >= 2, "chains start on different backends: {homes:?}");
+}
+
+#[test]
 fn cache_aware_follows_the_cache_and_spreads_new_prefixes() {
     let es = engines(3);
     let proxy = Proxy::start(&policy(

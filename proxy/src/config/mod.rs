@@ -275,9 +275,9 @@ pub struct CacheAwareConfig {
     /// by rendezvous hashing on the prompt's first `spread_blocks` blocks.
     pub tie_tokens: u64,
     pub spread_blocks: usize,
-    /// A conversation stays on its backend (session keys: `x-session-id`, `prompt_cache_key`,
-    /// `user`) until that backend's in-flight count exceeds this factor of the pool's mean
-    /// (plus one), or it is down.
+    /// A conversation stays on its backend (session keys: `previous_response_id`,
+    /// `x-session-id`, `prompt_cache_key`, `user`) until that backend's in-flight count exceeds
+    /// this factor of the pool's mean (plus one), or it is down.
     pub overload_factor: f64,
     /// A backend above this × the mean in-flight count (plus one) takes no new request while
     /// another is below it (bounded load).

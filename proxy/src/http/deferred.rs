@@ -35,6 +35,8 @@ pub(super) struct Rounds<'a> {
     pub state: &'a AppState,
     pub pool: &'a Pool,
     pub backend: &'a Arc<Backend>,
+    /// The backend's place in its pool.
+    pub index: usize,
     pub template: &'a Template,
     pub plan: SearchPlan,
     pub body: Bytes,
@@ -186,6 +188,13 @@ async fn whole(
         if let Some((_, rec)) = &mut ctx.recording {
             rec.header(status, header.headers.get(header::CONTENT_TYPE));
             rec.push(&out);
+        }
+        if let (Form::Responses, 200) = (r.plan.form, status) {
+            let mut id = super::relay::ResponseId::default();
+            id.push(&out);
+            if let Some(id) = id.take() {
+                r.pool.policy.bind(crate::route::key::response_session(&id), r.index);
+            }
         }
         if session.write_response_header(Box::new(resp), false).await.is_err()
             || session.write_response_body(Some(Bytes::from(out)), true).await.is_err()

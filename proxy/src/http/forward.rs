@@ -17,7 +17,7 @@ use warmpath_wire::openai::ApiError;
 
 use super::body::{read_body, BodyError};
 use super::client::{request_header, FailKind};
-use super::relay::{client_gone, end_stream_with_error, pump, Pumped, Tail};
+use super::relay::{client_gone, end_stream_with_error, pump, Pumped, ResponseId, Tail};
 use super::request::{LlmRequest, LlmRoute};
 use super::respond::{self, send_error};
 use super::{AppState, RequestCtx};
@@ -372,6 +372,7 @@ async fn try_backend(
             state,
             pool,
             backend,
+            index: sel.index,
             template,
             plan: plan.clone(),
             body: body.clone(),
@@ -398,8 +399,22 @@ async fn try_backend(
         return Ok(Attempt::Done);
     }
     let mut tail = Tail::default();
-    let rec = ctx.recording.as_mut().map(|(_, r)| r);
-    match pump(&mut up, session, &mut ctx.first_byte, &sel.prefill, &mut tail, rec).await {
+    // A Responses answer's id: a request chaining on it (`previous_response_id`) is routed here.
+    let mut response_id = (route == LlmRoute::Responses && status == 200).then(ResponseId::default);
+    let mut rec = ctx.recording.as_mut().map(|(_, r)| r);
+    let mut observe = |b: &[u8]| {
+        if let Some(r) = rec.as_deref_mut() {
+            r.push(b);
+        }
+        if let Some(id) = &mut response_id {
+            id.push(b);
+        }
+    };
+    let pumped = pump(&mut up, session, &mut ctx.first_byte, &sel.prefill, &mut tail, &mut observe).await;
+    if let Some(id) = response_id.as_mut().and_then(ResponseId::take) {
+        pool.policy.bind(crate::route::key::response_session(&id), sel.index);
+    }
+    match pumped {
         Pumped::Complete if sse && route.ends_with_done() && status == 200 && !tail.saw_done() => {
             // Complete at the HTTP level but not as a stream: the client could not tell it
             // from a truncated answer, so it gets the error event a cut stream gets.

@@ -10,7 +10,6 @@ use warmpath_wire::openai::ApiError;
 
 use super::client::FailKind;
 use super::request::LlmRoute;
-use crate::cache::Recording;
 use crate::route::PrefillTicket;
 
 /// How a relay ended.
@@ -61,15 +60,70 @@ impl Tail {
     }
 }
 
-/// Copies the body from `up` to the client (and to `rec`, for the response cache).
-/// `first_byte` is set and `prefill` released when the first chunk is sent.
+/// The id of a Responses answer, found in its first bytes: the first `"id"` whose value starts
+/// with `resp` (the top-level field of a whole answer; `response.id` of the first event of a
+/// stream, `response.created`).
+#[derive(Debug, Default)]
+pub struct ResponseId {
+    head: Vec<u8>,
+    found: Option<String>,
+    done: bool,
+}
+
+impl ResponseId {
+    /// Bytes looked at before giving up.
+    const LOOK: usize = 4096;
+
+    pub fn push(&mut self, b: &[u8]) {
+        if self.done {
+            return;
+        }
+        self.head.extend_from_slice(&b[..b.len().min(Self::LOOK - self.head.len().min(Self::LOOK))]);
+        self.found = Self::scan(&self.head);
+        self.done = self.found.is_some() || self.head.len() >= Self::LOOK;
+        if self.done {
+            self.head = Vec::new();
+        }
+    }
+
+    pub fn take(&mut self) -> Option<String> {
+        self.found.take()
+    }
+
+    fn scan(text: &[u8]) -> Option<String> {
+        let mut rest = text;
+        while let Some(at) = find(rest, b"\"id\"") {
+            rest = &rest[at + 4..];
+            let value = trim(rest).strip_prefix(b":").map(trim).and_then(|v| v.strip_prefix(b"\""));
+            let Some(value) = value else { continue };
+            let end = value.iter().position(|&c| c == b'"' || c == b'\\')?;
+            if value[end] == b'"' && value.starts_with(b"resp") {
+                return std::str::from_utf8(&value[..end]).ok().map(str::to_owned);
+            }
+        }
+        None
+    }
+}
+
+fn find(hay: &[u8], needle: &[u8]) -> Option<usize> {
+    hay.windows(needle.len()).position(|w| w == needle)
+}
+
+fn trim(b: &[u8]) -> &[u8] {
+    let start = b.iter().position(|c| !c.is_ascii_whitespace()).unwrap_or(b.len());
+    &b[start..]
+}
+
+/// Copies the body from `up` to the client, showing each chunk to `observe` (the response
+/// cache's recording, the response id). `first_byte` is set and `prefill` released when the
+/// first chunk is sent.
 pub async fn pump(
     up: &mut HttpSession,
     session: &mut Session,
     first_byte: &mut Option<Instant>,
     prefill: &PrefillTicket,
     tail: &mut Tail,
-    mut rec: Option<&mut Recording>,
+    observe: &mut (dyn FnMut(&[u8]) + Send),
 ) -> Pumped {
     loop {
         if up.response_done() {
@@ -88,9 +142,7 @@ pub async fn pump(
                     continue;
                 }
                 tail.push(&bytes);
-                if let Some(r) = rec.as_deref_mut() {
-                    r.push(&bytes);
-                }
+                observe(&bytes);
                 if session.write_response_body(Some(bytes), false).await.is_err() {
                     return Pumped::ClientGone;
                 }
@@ -140,6 +192,41 @@ pub async fn end_stream_with_error(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn response_ids_are_found_in_whole_answers_and_streams() {
+        let id = |chunks: &[&str]| {
+            let mut r = ResponseId::default();
+            for c in chunks {
+                r.push(c.as_bytes());
+            }
+            r.take()
+        };
+        assert_eq!(
+            id(&[r#"{"id":"resp_abc","object":"response","output":[{"id":"msg_1"}]}"#]).as_deref(),
+            Some("resp_abc")
+        );
+        assert_eq!(
+            id(&[
+                "event: response.created\ndata: {\"type\":\"response.created\",\"sequence_number\":0,",
+                "\"response\":{\"id\" : \"resp_",
+                "xyz\",\"status\":\"in_progress\"}}\n\n"
+            ])
+            .as_deref(),
+            Some("resp_xyz"),
+            "split over chunks, spaces around the colon"
+        );
+        assert_eq!(
+            id(&[r#"{"output":[{"id":"msg_1"}],"id":"resp_2"}"#]).as_deref(),
+            Some("resp_2"),
+            "not msg_"
+        );
+        assert_eq!(id(&[r#"{"object":"chat.completion","id":"chatcmpl-1"}"#]), None);
+        let mut late = ResponseId::default();
+        late.push(&[b' '; ResponseId::LOOK]);
+        late.push(br#"{"id":"resp_late"}"#);
+        assert_eq!(late.take(), None, "only the first bytes are looked at");
+    }
 
     #[test]
     fn tail_tracks_the_end() {

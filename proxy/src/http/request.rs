@@ -238,6 +238,10 @@ impl<'a> LlmRequest<'a> {
             .policy
             .wants_session()
             .then(|| {
+                // A chained response goes where its predecessor is, whatever else names a session.
+                if let Some(prev) = self.extra_str("previous_response_id").filter(|p| !p.is_empty()) {
+                    return Some(key::response_session(&prev));
+                }
                 let from_body = || self.extra_str("prompt_cache_key").or_else(|| self.extra_str("user"));
                 key::session_key(session_header, from_body)
             })

@@ -14,6 +14,13 @@ pub fn prefix_key(b: &Blocks, n: usize) -> u64 {
     }
 }
 
+/// The session key of a conversation that continues response `id` (`previous_response_id`):
+/// the backend that answered with `id` holds it (and, where it stores responses, is the only
+/// one that can continue it).
+pub fn response_session(id: &str) -> String {
+    format!("response:{id}")
+}
+
 /// The sticky key: the `x-session-id` header, else what `from_body` finds (`prompt_cache_key`,
 /// then `user`).
 pub fn session_key<'a>(

@@ -18,8 +18,9 @@
 //! - **a hot shared prefix spreads with load**: its holder's pending work grows with every request
 //!   it takes until prefilling the prefix elsewhere is cheaper, and then a second replica caches
 //!   it, then a third, as many as the load needs;
-//! - **conversations stay** on the backend that served them (session keys) until it is down or its
-//!   in-flight count exceeds `overload_factor` × the pool's mean (plus one).
+//! - **conversations stay** on the backend that served them (session keys; a Responses request's
+//!   `previous_response_id` goes where that response came from, [`Policy::bind`]) until it is
+//!   down or its in-flight count exceeds `overload_factor` × the pool's mean (plus one).
 //!
 //! Every decision says why (`reason`) and shows its numbers in `x-warmpath-route`.
 
@@ -192,6 +193,10 @@ impl Policy for CacheAware {
             _ => "load_partial",
         };
         Some(decision(chosen, reason))
+    }
+
+    fn bind(&self, session: String, index: usize) {
+        self.sticky.insert(session, index);
     }
 
     fn routed(&self, key: &RouteKey, d: &Decision) {

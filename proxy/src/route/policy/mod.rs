@@ -106,6 +106,11 @@ pub trait Policy: Send + Sync + std::fmt::Debug {
 
     /// The request went to `index` (its slot is reserved): what the policy learns from it.
     fn routed(&self, _key: &RouteKey, _decision: &Decision) {}
+
+    /// A later request with this session key belongs on `index` (a response id the backend
+    /// there answered with: `previous_response_id` chains to it). Policies that keep no session
+    /// map ignore it.
+    fn bind(&self, _session: String, _index: usize) {}
 }
 
 #[cfg(test)]
