@@ -65,6 +65,15 @@ pub struct EngineArgs {
     /// Publish KV cache events on a ZMQ PUB socket bound here (e.g. tcp://127.0.0.1:5557).
     #[arg(long)]
     pub kv_events_endpoint: Option<String>,
+    /// Answer replay requests for recent KV event batches on a ZMQ ROUTER socket bound here
+    /// (vLLM's `replay_endpoint`: a DEALER sends an empty frame and the 8-byte big-endian first
+    /// sequence number; each buffered batch from it comes back as empty frame, sequence number,
+    /// payload, and a sequence number of -1 with an empty payload ends the reply).
+    #[arg(long, requires = "kv_events_endpoint")]
+    pub kv_events_replay_endpoint: Option<String>,
+    /// Recent KV event batches kept for replay (vLLM's `buffer_steps`).
+    #[arg(long, default_value_t = 10_000)]
+    pub kv_events_buffer_steps: usize,
     /// Topic frame of published KV event messages.
     #[arg(long, default_value = "")]
     pub kv_events_topic: String,

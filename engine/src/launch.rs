@@ -23,6 +23,8 @@ pub struct EngineServer {
     pub addr: SocketAddr,
     pub model_name: String,
     pub kv_events_endpoint: Option<String>,
+    /// Where replays of recent KV event batches are answered (port 0 resolved).
+    pub kv_events_replay_endpoint: Option<String>,
     pub engine: Arc<Engine>,
     listener: tokio::net::TcpListener,
     state: Arc<AppState>,
@@ -70,14 +72,15 @@ pub async fn launch(args: EngineArgs) -> anyhow::Result<EngineServer> {
         args.kv_blocks,
         info.prefix_caching,
     ));
-    let (sink, kv_events_endpoint, publisher) = match &args.kv_events_endpoint {
+    let (sink, kv_events_endpoint, kv_events_replay_endpoint, publisher) = match &args.kv_events_endpoint {
         Some(ep) => {
-            let (sink, bound, task) = crate::kv_events::start_publisher(ep, args.kv_events_topic.clone())
+            let replay = args.kv_events_replay_endpoint.as_deref().map(|r| (r, args.kv_events_buffer_steps));
+            let p = crate::kv_events::start_publisher(ep, args.kv_events_topic.clone(), replay)
                 .await
-                .with_context(|| format!("binding the KV event socket {ep}"))?;
-            (Some(sink), Some(bound), Some(task))
+                .with_context(|| format!("binding the KV event sockets {ep}"))?;
+            (Some(p.sink), Some(p.endpoint), p.replay_endpoint, Some(p.task))
         }
-        None => (None, None, None),
+        None => (None, None, None, None),
     };
     let sched = SchedulerConfig {
         max_num_batched_tokens: args.max_num_batched_tokens,
@@ -101,7 +104,16 @@ pub async fn launch(args: EngineArgs) -> anyhow::Result<EngineServer> {
         max_body_bytes: args.max_body_bytes,
         script,
     });
-    Ok(EngineServer { addr, model_name, kv_events_endpoint, engine, listener, state, publisher })
+    Ok(EngineServer {
+        addr,
+        model_name,
+        kv_events_endpoint,
+        kv_events_replay_endpoint,
+        engine,
+        listener,
+        state,
+        publisher,
+    })
 }
 
 impl EngineServer {

@@ -18,6 +18,9 @@ fn main() -> anyhow::Result<()> {
         if let Some(ep) = &server.kv_events_endpoint {
             println!("KV events published on {ep}");
         }
+        if let Some(ep) = &server.kv_events_replay_endpoint {
+            println!("KV event replay on {ep}");
+        }
         server.run_until(shutdown_signal()).await
     })
 }

@@ -9,7 +9,7 @@ use common::*;
 use serde_json::json;
 use warmpath_wire::kv_events::{decode_batch, KvEvent};
 use warmpath_wire::prefix::block_hashes;
-use zeromq::{Socket, SocketRecv};
+use zeromq::{Socket, SocketRecv, SocketSend, ZmqMessage};
 
 async fn next_events(sub: &mut zeromq::SubSocket, wait: Duration) -> Option<(u64, Vec<KvEvent>)> {
     let msg = tokio::time::timeout(wait, sub.recv()).await.ok()?.expect("recv");
@@ -81,4 +81,63 @@ async fn subscriber_sees_stored_then_removed_blocks() {
         }
     }
     assert!(want.iter().all(|h| removed.contains(h)), "first prompt's blocks evicted: {removed:?}");
+}
+
+/// Asks the replay socket for every kept batch from `from` on: (seq, events) until the end marker.
+async fn replay(endpoint: &str, from: u64) -> Vec<(u64, Vec<KvEvent>)> {
+    let mut dealer = zeromq::DealerSocket::new();
+    dealer.connect(endpoint).await.expect("connect");
+    let req = vec![bytes::Bytes::new(), bytes::Bytes::copy_from_slice(&from.to_be_bytes())];
+    dealer.send(ZmqMessage::try_from(req).expect("frames")).await.expect("send");
+    let mut out = Vec::new();
+    loop {
+        let msg =
+            tokio::time::timeout(Duration::from_secs(5), dealer.recv()).await.expect("reply").expect("recv");
+        let frames = msg.into_vec();
+        assert_eq!(frames.len(), 3, "empty frame, seq, payload");
+        assert!(frames[0].is_empty());
+        if frames[1].as_ref() == warmpath_wire::kv_events::REPLAY_END {
+            assert!(frames[2].is_empty());
+            return out;
+        }
+        let seq = u64::from_be_bytes(frames[1].as_ref().try_into().expect("8-byte seq"));
+        out.push((seq, decode_batch(&frames[2]).expect("vLLM batch").events));
+    }
+}
+
+#[tokio::test]
+async fn the_replay_socket_gives_back_the_recent_batches() {
+    let mut args = warmpath_engine::config::EngineArgs::for_tests("micro");
+    args.kv_events_endpoint = Some("tcp://127.0.0.1:0".into());
+    args.kv_events_replay_endpoint = Some("tcp://127.0.0.1:0".into());
+    args.kv_events_buffer_steps = 4;
+    let e = start(args).await;
+    let endpoint = e.kv_replay.clone().expect("replay endpoint");
+    assert!(replay(&endpoint, 0).await.is_empty(), "nothing published yet");
+    // Published with nobody subscribed: only the replay buffer has them.
+    let mut last_prompt = Vec::new();
+    for base in [100u32, 200, 300, 400, 500, 600] {
+        last_prompt = (base..base + 40).collect::<Vec<u32>>();
+        let (s, _) = post_json(
+            e.addr,
+            "/v1/completions",
+            json!({"model": "micro", "prompt": last_prompt, "max_tokens": 1}),
+        )
+        .await;
+        assert_eq!(s, 200);
+    }
+    let all = replay(&endpoint, 0).await;
+    assert_eq!(all.len(), 4, "the buffer keeps 4 batches: {:?}", all.iter().map(|b| b.0).collect::<Vec<_>>());
+    let seqs: Vec<u64> = all.iter().map(|b| b.0).collect();
+    assert!(seqs.windows(2).all(|w| w[1] == w[0] + 1), "consecutive: {seqs:?}");
+    assert!(seqs[0] >= 2, "the oldest were dropped: {seqs:?}");
+    let want = block_hashes(&last_prompt, 16, None);
+    let stored_last = all
+        .iter()
+        .flat_map(|b| &b.1)
+        .any(|ev| matches!(ev, KvEvent::BlockStored { block_hashes, .. } if *block_hashes == want));
+    assert!(stored_last, "the last prompt's blocks are in the replay");
+    let tail = replay(&endpoint, seqs[3]).await;
+    assert_eq!(tail.iter().map(|b| b.0).collect::<Vec<_>>(), [seqs[3]], "from a sequence number on");
+    assert!(replay(&endpoint, seqs[3] + 1).await.is_empty());
 }

@@ -17,6 +17,8 @@ pub struct Replica {
     pub addr: SocketAddr,
     /// Where it publishes KV events (`kv_events = true`).
     pub kv_events: Option<String>,
+    /// Where it answers replays of recent KV event batches.
+    pub kv_replay: Option<String>,
 }
 
 pub struct Embedded {
@@ -41,6 +43,7 @@ fn engine_args(e: &EmbeddedConfig, served_name: Option<&str>, id: usize) -> Engi
     a.engine_id = id.to_string();
     if e.kv_events {
         a.kv_events_endpoint = Some("tcp://127.0.0.1:0".to_owned());
+        a.kv_events_replay_endpoint = Some("tcp://127.0.0.1:0".to_owned());
     }
     a
 }
@@ -75,7 +78,12 @@ pub fn start(cfg: &Config) -> anyhow::Result<Embedded> {
             for (pi, args) in wanted {
                 match warmpath_engine::launch(args).await {
                     Ok(s) => {
-                        addrs.push((pi, Replica { addr: s.addr, kv_events: s.kv_events_endpoint.clone() }));
+                        let replica = Replica {
+                            addr: s.addr,
+                            kv_events: s.kv_events_endpoint.clone(),
+                            kv_replay: s.kv_events_replay_endpoint.clone(),
+                        };
+                        addrs.push((pi, replica));
                         servers.push(s);
                     }
                     Err(e) => {

@@ -130,3 +130,49 @@ fn the_precise_index_follows_engine_events_through_eviction() {
         "the restart is seen as lost events"
     );
 }
+
+#[test]
+fn a_proxy_started_later_learns_from_the_replay_what_the_engines_hold() {
+    let ports: Vec<(u16, u16)> = (0..2).map(|_| (free_port(), free_port())).collect();
+    let es: Vec<Engine> = ports
+        .iter()
+        .map(|(p, r)| {
+            let (ep, rep) = (format!("tcp://127.0.0.1:{p}"), format!("tcp://127.0.0.1:{r}"));
+            Engine::sim("m", &["--kv-events-endpoint", &ep, "--kv-events-replay-endpoint", &rep])
+        })
+        .collect();
+    // Served before warmpath runs: only e1's replay buffer tells of it.
+    let r = post_json(es[1].addr, "/v1/chat/completions", &prompt(7));
+    assert_eq!(r.status, 200, "{}", r.text());
+
+    let mut text = policy(
+        "",
+        "policy = \"cache_aware\"\n[pools.cache_aware]\nmode = \"precise\"\n[pools.canon]\ntokenizer = \"wp32k\"",
+        &["m"],
+        &[],
+    );
+    for (i, (e, (p, r))) in es.iter().zip(&ports).enumerate() {
+        text.push_str(&format!(
+            "\n[[pools.backends]]\nname = \"e{i}\"\nurl = {:?}\nkv_events = \"tcp://127.0.0.1:{p}\"\nkv_events_replay = \"tcp://127.0.0.1:{r}\"\n",
+            e.url()
+        ));
+    }
+    let proxy = Proxy::start(&text);
+    let replayed = |b: &str| {
+        metric(
+            &proxy.metrics(),
+            &format!("warmpath_kv_events_replayed_total{{backend=\"{b}\",pool=\"main\"}}"),
+        )
+    };
+    assert!(
+        eventually(Duration::from_secs(10), || replayed("e1") >= Some(1.0)),
+        "{}",
+        proxy.metrics().lines().filter(|l| l.contains("kv_event")).collect::<Vec<_>>().join("\n")
+    );
+    assert_eq!(replayed("e0"), None, "e0 had published nothing");
+    let r = post_json(proxy.addr, "/v1/chat/completions", &prompt(7));
+    let route = r.header("x-warmpath-route").expect("route").to_owned();
+    assert_eq!(r.header("x-warmpath-backend"), Some("e1"), "{route}");
+    let (held, _) = cached(&route);
+    assert!(route.contains("reason=cache") && held > 200, "the very first request goes home: {route}");
+}

@@ -9,12 +9,18 @@
 //! - `["BlockRemoved", block_hashes, medium|nil]`
 //! - `["AllBlocksCleared"]`
 //!
+//! A replay socket (ZMQ ROUTER, vLLM's `replay_endpoint`) answers a request `["", start_seq]`
+//! with `["", seq, payload]` for each kept batch from `start_seq` on, then `["", REPLAY_END, ""]`.
+//!
 //! Hashes are 64-bit unsigned integers. [`decode_batch`] also accepts events sent as maps keyed
 //! by `"type"`, as newer vLLM versions may.
 
 use rmpv::Value;
 
 use crate::prefix::BlockHash;
+
+/// The sequence number that ends a replay: -1 as a big-endian 64-bit integer.
+pub const REPLAY_END: [u8; 8] = [0xff; 8];
 
 /// One cache event.
 #[derive(Debug, Clone, PartialEq)]

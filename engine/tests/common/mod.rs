@@ -15,6 +15,7 @@ use warmpath_engine::config::EngineArgs;
 pub struct TestEngine {
     pub addr: SocketAddr,
     pub kv_events: Option<String>,
+    pub kv_replay: Option<String>,
     _stop: tokio::sync::oneshot::Sender<()>,
 }
 
@@ -22,11 +23,12 @@ pub async fn start(args: EngineArgs) -> TestEngine {
     let server = warmpath_engine::launch(args).await.expect("engine starts");
     let addr = server.addr;
     let kv_events = server.kv_events_endpoint.clone();
+    let kv_replay = server.kv_events_replay_endpoint.clone();
     let (tx, rx) = tokio::sync::oneshot::channel::<()>();
     tokio::spawn(server.run_until(async move {
         let _ = rx.await;
     }));
-    TestEngine { addr, kv_events, _stop: tx }
+    TestEngine { addr, kv_events, kv_replay, _stop: tx }
 }
 
 pub async fn micro() -> TestEngine {

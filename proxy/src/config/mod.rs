@@ -512,6 +512,10 @@ pub struct BackendConfig {
     /// Its KV event publisher (vLLM `--kv-events-config` endpoint), e.g. `tcp://10.0.0.5:5557`.
     #[serde(default)]
     pub kv_events: Option<String>,
+    /// Its KV event replay socket (vLLM's `replay_endpoint`), e.g. `tcp://10.0.0.5:5558`: after
+    /// a reconnect or a gap in the sequence, the batches missed are asked for there.
+    #[serde(default)]
+    pub kv_events_replay: Option<String>,
 }
 
 fn default_weight() -> u32 {

@@ -221,6 +221,18 @@ pub fn validate(cfg: &Config) -> Result<(), Invalid> {
                 }
             }
         }
+        if let Some((k, _)) = pool
+            .backends
+            .iter()
+            .enumerate()
+            .find(|(_, b)| b.kv_events_replay.is_some() && b.kv_events.is_none())
+        {
+            return Err(p
+                .key("backends")
+                .index(k)
+                .key("kv_events_replay")
+                .err("a replay socket without kv_events: set the publisher's endpoint too"));
+        }
         if pool.policy == PolicyKind::CacheAware {
             let n = pool.embedded.as_ref().map_or(pool.backends.len(), |e| e.replicas);
             if n > crate::route::index::MAX_BACKENDS {

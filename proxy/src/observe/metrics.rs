@@ -41,6 +41,8 @@ pub struct Metrics {
     pub kv_event_gaps: IntCounterVec,
     /// `pool`, `backend`: 1 while its KV events drive the index, 0 while tracked approximately.
     pub kv_events_live: IntGaugeVec,
+    /// `pool`, `backend`: event batches recovered from the backend's replay socket.
+    pub kv_events_replayed: IntCounterVec,
     /// `pool`, `reason` (`connect`, `status_5xx`, `timeout`, `io`).
     pub retries: IntCounterVec,
     /// `pool`: a retry was wanted but the retry budget was spent.
@@ -286,6 +288,11 @@ impl Metrics {
             kv_event_gaps: counter(
                 "warmpath_kv_event_gaps_total",
                 "Lost KV events (sequence gaps and publisher restarts; a restart drops the backend's index entries).",
+                &["pool", "backend"],
+            ),
+            kv_events_replayed: counter(
+                "warmpath_kv_events_replayed_total",
+                "KV event batches recovered from backends' replay sockets (after a reconnect or a gap).",
                 &["pool", "backend"],
             ),
             kv_events_live: gauge(

@@ -49,6 +49,8 @@ pub struct Backend {
     pub peer: HttpPeer,
     /// Where it publishes KV events (ZMQ), for `cache_aware` in precise mode.
     pub kv_events: Option<String>,
+    /// Where it answers replays of recent KV event batches.
+    pub kv_replay: Option<String>,
     inflight: AtomicUsize,
     /// Prompt tokens sent here still waiting for their first token.
     pending_tokens: AtomicU64,
@@ -77,6 +79,7 @@ impl Backend {
             weight,
             peer,
             kv_events: None,
+            kv_replay: None,
             inflight: AtomicUsize::new(0),
             pending_tokens: AtomicU64::new(0),
             reported: AtomicU32::new(0),

@@ -10,22 +10,29 @@
 //! A backend's events are trusted while they flow. When its socket disconnects, or it has been
 //! sent requests but published nothing for `event_timeout_ms`, warmpath falls back to tracking
 //! what it routes there (approximate mode) until events resume. A restarted sequence (the
-//! backend restarted, its cache empty) drops that backend's entries; a gap in the sequence (a
-//! publisher dropping batches under load) is counted and otherwise lived with — dropping every
-//! entry for a few lost batches cost more hits than the stale entries do (measured: see
+//! backend restarted, its cache empty) drops that backend's entries. Where the backend has a
+//! replay socket (vLLM's `replay_endpoint`, the bundled engine's `--kv-events-replay-endpoint`),
+//! the batches missed are asked for there: on every (re)connect from the next sequence number
+//! (from 0 on the first: what the backend held before warmpath started), and on a gap in the
+//! sequence. A gap the replay cannot fill (the backend no longer keeps those batches, or has
+//! no replay socket) is counted and otherwise lived with — dropping every entry for a few lost
+//! batches cost more hits than the stale entries do (measured: see
 //! bench/results/compare-trace-plain-*.md).
 
 use std::collections::HashMap;
+use std::ops::RangeInclusive;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
+use bytes::Bytes;
 use futures_util::StreamExt;
 use pingora::server::ShutdownWatch;
 use pingora::services::background::BackgroundService;
+use warmpath_wire::kv_events::REPLAY_END;
 use warmpath_wire::kv_events::{decode_batch, KvEvent};
 use warmpath_wire::prefix::{block_hash, root_hash};
-use zeromq::{Socket, SocketEvent, SocketRecv};
+use zeromq::{Socket, SocketEvent, SocketRecv, SocketSend, ZmqMessage};
 
 use super::index::PrefixIndex;
 use super::{Pool, Router};
@@ -66,6 +73,16 @@ pub struct Applied {
 impl Applier {
     pub fn new(backend: usize, block_size: usize) -> Applier {
         Applier { backend, block_size, keys: HashMap::new(), last_seq: None }
+    }
+
+    /// The sequence number expected next: 0 before the first batch.
+    pub fn next_seq(&self) -> u64 {
+        self.last_seq.map_or(0, |l| l.wrapping_add(1))
+    }
+
+    /// `seq` comes after a gap (batches between the last one and it were lost).
+    pub fn is_gap(&self, seq: u64) -> bool {
+        self.last_seq.is_some_and(|l| seq > l.wrapping_add(1))
     }
 
     /// Checks `seq` against the last one. On a restart the backend's entries are dropped (its
@@ -161,6 +178,94 @@ impl BackgroundService for EventFeeds {
     }
 }
 
+/// Asks a replay socket (ZMQ ROUTER, vLLM's protocol) for every batch it keeps from `from` on:
+/// `(seq, payload)` in order. Bounded by `wait` per reply message.
+pub async fn replay(endpoint: &str, from: u64, wait: Duration) -> Result<Vec<(u64, Bytes)>, String> {
+    let mut dealer = zeromq::DealerSocket::new();
+    match tokio::time::timeout(wait, dealer.connect(endpoint)).await {
+        Ok(Ok(())) => {}
+        Ok(Err(e)) => return Err(format!("connect: {e}")),
+        Err(_) => return Err("connect: timed out".to_owned()),
+    }
+    let req = ZmqMessage::try_from(vec![Bytes::new(), Bytes::copy_from_slice(&from.to_be_bytes())])
+        .map_err(|e| e.to_string())?;
+    dealer.send(req).await.map_err(|e| format!("send: {e}"))?;
+    let mut out = Vec::new();
+    loop {
+        let msg = match tokio::time::timeout(wait, dealer.recv()).await {
+            Ok(Ok(m)) => m,
+            Ok(Err(e)) => return Err(format!("recv: {e}")),
+            Err(_) => return Err(format!("no end of replay after {} batches", out.len())),
+        };
+        let frames = msg.into_vec();
+        let [_, seq, payload] = frames.as_slice() else {
+            return Err(format!("a reply of {} frames", frames.len()));
+        };
+        if seq.as_ref() == REPLAY_END {
+            let _ = dealer.close().await;
+            return Ok(out);
+        }
+        let seq =
+            <[u8; 8]>::try_from(seq.as_ref()).map(u64::from_be_bytes).map_err(|_| "a bad sequence number")?;
+        out.push((seq, payload.clone()));
+    }
+}
+
+/// One backend's events going into the index, with their metrics.
+struct Intake<'a> {
+    applier: Applier,
+    index: &'a PrefixIndex,
+    metrics: &'a Metrics,
+    labels: [&'a str; 2],
+}
+
+impl Intake<'_> {
+    fn count(&self, kind: &str, v: u64) {
+        if v > 0 {
+            self.metrics.kv_events.with_label_values(&[self.labels[0], self.labels[1], kind]).inc_by(v);
+        }
+    }
+
+    /// Applies one batch; false if it was malformed.
+    fn take(&mut self, seq: u64, payload: &[u8]) -> bool {
+        let Ok(batch) = decode_batch(payload) else {
+            self.count("malformed", 1);
+            return false;
+        };
+        let check = self.applier.check_seq(seq, self.index);
+        if let SeqCheck::Gap { .. } | SeqCheck::Restarted = check {
+            tracing::warn!(backend = self.labels[1], ?check, "KV events lost");
+            self.metrics.kv_event_gaps.with_label_values(&self.labels).inc();
+        }
+        let n = self.applier.apply(&batch.events, self.index);
+        self.count("stored", n.stored);
+        self.count("removed", n.removed);
+        self.count("cleared", n.cleared);
+        true
+    }
+
+    /// Replays what the backend kept from the next expected sequence number on; the sequence
+    /// numbers replayed (live copies of them are duplicates).
+    async fn catch_up(&mut self, endpoint: &str) -> Option<RangeInclusive<u64>> {
+        let from = self.applier.next_seq();
+        match replay(endpoint, from, Duration::from_secs(2)).await {
+            Ok(batches) => {
+                let last = batches.last().map(|b| b.0)?;
+                for (seq, payload) in &batches {
+                    self.take(*seq, payload);
+                }
+                self.metrics.kv_events_replayed.with_label_values(&self.labels).inc_by(batches.len() as u64);
+                tracing::info!(backend = self.labels[1], from, batches = batches.len(), "KV events replayed");
+                Some(from..=last)
+            }
+            Err(e) => {
+                tracing::warn!(backend = self.labels[1], %endpoint, error = %e, "KV event replay failed");
+                None
+            }
+        }
+    }
+}
+
 /// One backend's feed, for as long as the process runs.
 async fn feed(pool: Arc<Pool>, b: usize, endpoint: String, metrics: Metrics) {
     let Some(ca) = pool.cache_aware.clone() else { return };
@@ -168,7 +273,12 @@ async fn feed(pool: Arc<Pool>, b: usize, endpoint: String, metrics: Metrics) {
     let labels = [pool.name.as_str(), backend.name.as_str()];
     let live = metrics.kv_events_live.with_label_values(&labels);
     let timeout = Duration::from_millis(pool.cache_cfg.event_timeout_ms.max(1));
-    let mut applier = Applier::new(b, pool.canon.encoder().block_units());
+    let mut intake = Intake {
+        applier: Applier::new(b, pool.canon.encoder().block_units()),
+        index: ca.index(),
+        metrics: &metrics,
+        labels,
+    };
     loop {
         let mut sub = zeromq::SubSocket::new();
         let mut monitor = sub.monitor();
@@ -179,6 +289,11 @@ async fn feed(pool: Arc<Pool>, b: usize, endpoint: String, metrics: Metrics) {
             continue;
         }
         tracing::info!(backend = %backend.name, %endpoint, "KV events: subscribed");
+        // What was published before the subscription took (or while it was down).
+        let mut replayed = match &backend.kv_replay {
+            Some(r) => intake.catch_up(r).await,
+            None => None,
+        };
         ca.set_precise(b, true);
         live.set(1);
         let mut last_event = Instant::now();
@@ -190,22 +305,18 @@ async fn feed(pool: Arc<Pool>, b: usize, endpoint: String, metrics: Metrics) {
                     let frames = msg.into_vec();
                     let (Some(seq), Some(payload)) = (frames.get(1), frames.get(2)) else { continue };
                     let Ok(seq) = <[u8; 8]>::try_from(seq.as_ref()).map(u64::from_be_bytes) else { continue };
-                    let Ok(batch) = decode_batch(payload) else {
-                        metrics.kv_events.with_label_values(&[labels[0], labels[1], "malformed"]).inc();
+                    last_event = Instant::now();
+                    if replayed.as_ref().is_some_and(|r| r.contains(&seq)) {
                         continue;
-                    };
-                    let check = applier.check_seq(seq, ca.index());
-                    if let SeqCheck::Gap { .. } | SeqCheck::Restarted = check {
-                        tracing::warn!(backend = %backend.name, ?check, "KV events lost");
-                        metrics.kv_event_gaps.with_label_values(&labels).inc();
                     }
-                    let n = applier.apply(&batch.events, ca.index());
-                    for (kind, v) in [("stored", n.stored), ("removed", n.removed), ("cleared", n.cleared)] {
-                        if v > 0 {
-                            metrics.kv_events.with_label_values(&[labels[0], labels[1], kind]).inc_by(v);
+                    replayed = None;
+                    if let (Some(r), true) = (&backend.kv_replay, intake.applier.is_gap(seq)) {
+                        replayed = intake.catch_up(r).await;
+                        if replayed.as_ref().is_some_and(|r| r.contains(&seq)) {
+                            continue;
                         }
                     }
-                    last_event = Instant::now();
+                    intake.take(seq, payload);
                     if !ca.is_precise(b) {
                         tracing::info!(backend = %backend.name, "KV events resumed: precise again");
                         ca.set_precise(b, true);
@@ -220,6 +331,9 @@ async fn feed(pool: Arc<Pool>, b: usize, endpoint: String, metrics: Metrics) {
                     }
                     Some(SocketEvent::Connected(..)) if !ca.is_precise(b) => {
                         tracing::info!(backend = %backend.name, "KV events: reconnected");
+                        if let Some(r) = &backend.kv_replay {
+                            replayed = intake.catch_up(r).await;
+                        }
                         ca.set_precise(b, true);
                         live.set(1);
                         last_event = Instant::now();
@@ -291,6 +405,69 @@ mod tests {
         a.apply(&[KvEvent::BlockRemoved { block_hashes: theirs[1..].to_vec(), medium: None }], &idx);
         assert_eq!(idx.depths(&ours), vec![1]);
         assert_eq!(a.keys.len(), 1);
+    }
+
+    #[tokio::test]
+    async fn missed_batches_come_back_from_the_replay_socket() {
+        // The bundled engine's publisher, with a replay socket keeping 100 batches.
+        let p = warmpath_engine::kv_events::start_publisher(
+            "tcp://127.0.0.1:0",
+            String::new(),
+            Some(("tcp://127.0.0.1:0", 100)),
+        )
+        .await
+        .expect("binds");
+        let endpoint = p.replay_endpoint.clone().expect("replay endpoint");
+        let ep = endpoint.as_str();
+        let chains: Vec<Vec<u32>> = (0..6u32).map(|k| (k * 100..k * 100 + 32).collect()).collect();
+        let keys: Vec<Vec<u64>> = chains.iter().map(|t| block_hashes(t, 16, None)).collect();
+        let publish = |k: usize| p.sink.send(vec![stored(&chains[k], keys[k].clone(), None)]);
+        let kept = |n: usize| async move {
+            for _ in 0..100 {
+                if replay(ep, 0, Duration::from_secs(2)).await.expect("replays").len() == n {
+                    return;
+                }
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+            panic!("the publisher never kept {n} batches");
+        };
+        for k in 0..3 {
+            publish(k);
+        }
+        kept(3).await;
+
+        let metrics = Metrics::new();
+        let index = PrefixIndex::new(1, 1000, None);
+        let mut intake =
+            Intake { applier: Applier::new(0, 16), index: &index, metrics: &metrics, labels: ["p", "b"] };
+        // The first connect: everything kept, from sequence number 0.
+        assert_eq!(intake.catch_up(&endpoint).await, Some(0..=2));
+        for (k, key) in keys.iter().enumerate().take(3) {
+            assert_eq!(index.depths(key), vec![2], "chain {k} from the replay");
+        }
+        // Batches 3 and 4 are lost on the way; 5 arrives live and shows the gap.
+        for k in 3..6 {
+            publish(k);
+        }
+        kept(6).await;
+        assert!(intake.applier.is_gap(5) && !intake.applier.is_gap(3));
+        let replayed = intake.catch_up(&endpoint).await.expect("replayed");
+        assert_eq!(replayed, 3..=5, "from the next expected sequence number on");
+        assert!(replayed.contains(&5), "the live copy of 5 is a duplicate");
+        for (k, key) in keys.iter().enumerate().skip(3) {
+            assert_eq!(index.depths(key), vec![2], "chain {k} recovered");
+        }
+        let m = String::from_utf8(metrics.render()).expect("text");
+        assert!(m.contains("warmpath_kv_events_replayed_total{backend=\"b\",pool=\"p\"} 6"), "{m}");
+        assert!(!m.contains("warmpath_kv_event_gaps_total{"), "no gap left: {m}");
+        // Nothing new: an empty replay.
+        assert_eq!(intake.catch_up(&endpoint).await, None);
+        // No replay socket there: an error, not a hang.
+        let dead = format!(
+            "tcp://127.0.0.1:{}",
+            std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+        );
+        assert!(replay(&dead, 0, Duration::from_millis(300)).await.is_err());
     }
 
     #[test]

@@ -146,7 +146,8 @@ impl Router {
         let mut by_model = HashMap::new();
         let mut wildcard = None;
         for (pi, pc) in cfg.pools.iter().enumerate() {
-            type Spec = (String, BackendUrl, u32, Option<String>);
+            // Name, URL, weight, KV events endpoint, its replay endpoint.
+            type Spec = (String, BackendUrl, u32, Option<String>, Option<String>);
             let specs: Vec<Spec> = match embedded.get(&pi) {
                 Some(replicas) => replicas
                     .iter()
@@ -158,17 +159,20 @@ impl Router {
                             port: r.addr.port(),
                             base_path: String::new(),
                         };
-                        (format!("{}-{i}", pc.name), url, 1, r.kv_events.clone())
+                        (format!("{}-{i}", pc.name), url, 1, r.kv_events.clone(), r.kv_replay.clone())
                     })
                     .collect(),
                 None => pc
                     .backends
                     .iter()
-                    .map(|b| (b.name.clone(), b.url.clone(), b.weight, b.kv_events.clone()))
+                    .map(|b| {
+                        let replay = b.kv_events_replay.clone();
+                        (b.name.clone(), b.url.clone(), b.weight, b.kv_events.clone(), replay)
+                    })
                     .collect(),
             };
             let mut backends = Vec::with_capacity(specs.len());
-            for (name, url, weight, kv_events) in specs {
+            for (name, url, weight, kv_events, kv_replay) in specs {
                 let peer = make_peer(&url, &cfg.upstream)?;
                 let labels = [pc.name.as_str(), name.as_str()];
                 let mut b = Backend::new(
@@ -181,6 +185,7 @@ impl Router {
                     metrics.backend_up.with_label_values(&labels),
                 );
                 b.kv_events = kv_events;
+                b.kv_replay = kv_replay;
                 backends.push(Arc::new(b));
             }
             for m in &pc.models {
