@@ -89,12 +89,15 @@ fn feature_toml(feature: &str) -> anyhow::Result<&'static str> {
     Ok(match feature {
         "canon" => "[pools.canon]\nenabled = true\ntokenizer = \"wp32k\"\n",
         "defer" => "[pools.tools]\ndefer = true\n",
-        "precise" => "[pools.cache_aware]\nmode = \"precise\"\n",
-        _ => anyhow::bail!("unknown warmpath feature +{feature} (canon, defer, precise)"),
+        _ => anyhow::bail!(
+            "unknown warmpath feature +{feature} (canon, defer, precise; @KEY=VALUE for policy keys)"
+        ),
     })
 }
 
-/// warmpath with one pool over `backends` under `spec` (`POLICY[+canon][+defer][+precise]`);
+/// warmpath with one pool over `backends` under `spec` (`POLICY[+canon][+defer][+precise]`,
+/// then `@KEY=VALUE` for each key of the policy's table to set, e.g.
+/// `cache_aware@miss_weight=2@balance_factor=1.5`);
 /// `kv_events` are the backends' KV event endpoints where they publish them (or empty);
 /// `threads` is its `[server] threads`; `extra` is TOML appended to the generated policy file
 /// (tables of the pool, such as `[pools.prefix_hash]`).
@@ -105,11 +108,24 @@ pub fn warmpath(
     threads: usize,
     extra: &str,
 ) -> anyhow::Result<Target> {
-    let mut parts = spec.split('+');
+    // `POLICY[+feature...][@key=value...]`: the keys go into the policy's own table.
+    let mut keys = spec.split('@');
+    let mut parts = keys.next().unwrap_or("").split('+');
     let policy = parts.next().unwrap_or("round_robin");
     let mut features = String::new();
+    let mut policy_table = String::new();
     for f in parts {
-        features.push_str(feature_toml(f)?);
+        match f {
+            "precise" => policy_table.push_str("mode = \"precise\"\n"),
+            _ => features.push_str(feature_toml(f)?),
+        }
+    }
+    for kv in keys.filter(|kv| !kv.is_empty()) {
+        let (k, v) = kv.split_once('=').with_context(|| format!("{kv:?} in {spec:?}: KEY=VALUE"))?;
+        policy_table.push_str(&format!("{k} = {v}\n"));
+    }
+    if !policy_table.is_empty() {
+        features.push_str(&format!("[pools.{policy}]\n{policy_table}"));
     }
     let bin = sibling("warmpath")?;
     let (addr, admin) = (free_addr()?, free_addr()?);

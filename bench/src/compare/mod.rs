@@ -67,7 +67,8 @@ pub struct Args {
     backends: usize,
     /// Targets, `system:policy`: warmpath:round_robin|least_load|prefix_hash|session|cache_aware,
     /// each with optional `+canon` (canonicalization), `+defer` (tool deferral) and `+precise`
-    /// (cache_aware on the engines' KV events), sglang-router:POLICY, vllm-router:POLICY,
+    /// (cache_aware on the engines' KV events), then `@KEY=VALUE` per key of the policy's table
+    /// (`warmpath:cache_aware@miss_weight=2`), sglang-router:POLICY, vllm-router:POLICY,
     /// nginx:round_robin, direct (all to engine 0). Default for `trace`: warmpath cache_aware
     /// (precise and approximate), prefix_hash and round_robin, sglang-router and vllm-router
     /// cache_aware; for `agent`: warmpath:session as sent and with +canon+defer, and

@@ -271,6 +271,10 @@ pub struct CacheAwareConfig {
     pub ttl_s: u64,
     /// A running request's weight in the cost, in prompt tokens (decoding slows prefill).
     pub decode_cost_tokens: u64,
+    /// Weight of a prompt token the backend does not hold against a queued one: above 1, a
+    /// prompt stays on its holder while the holder's queue is shorter than this many times the
+    /// recomputation elsewhere (fewer copies of a prefix leave more cache for the rest).
+    pub miss_weight: f64,
     /// Backends whose cost is within this many tokens of the best are equally good; ties go
     /// by rendezvous hashing on the prompt's first `spread_blocks` blocks.
     pub tie_tokens: u64,
@@ -298,6 +302,7 @@ impl Default for CacheAwareConfig {
             capacity_blocks: 65_536,
             ttl_s: 0,
             decode_cost_tokens: 32,
+            miss_weight: 1.0,
             tie_tokens: 64,
             spread_blocks: 2,
             overload_factor: 1.5,

@@ -198,6 +198,11 @@ pub fn validate(cfg: &Config) -> Result<(), Invalid> {
                 .key("balance_factor")
                 .err(format!("{} must be at least 1.0", pool.cache_aware.balance_factor)));
         }
+        if !(pool.cache_aware.miss_weight >= 1.0 && pool.cache_aware.miss_weight.is_finite()) {
+            return Err(ca
+                .key("miss_weight")
+                .err(format!("{} must be at least 1.0 and finite", pool.cache_aware.miss_weight)));
+        }
         positive(ca.key("capacity_blocks"), pool.cache_aware.capacity_blocks as u64)?;
         positive(ca.key("spread_blocks"), pool.cache_aware.spread_blocks as u64)?;
         if pool.policy == PolicyKind::CacheAware && pool.cache_aware.mode == IndexMode::Precise {

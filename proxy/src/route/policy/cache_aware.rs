@@ -47,6 +47,7 @@ pub struct CacheAware {
     epoch: Instant,
     sticky: Cache<String, usize>,
     decode_cost: u64,
+    miss_weight: f64,
     tie_tokens: u64,
     spread_blocks: usize,
     overload_factor: f64,
@@ -74,6 +75,7 @@ impl CacheAware {
                 .time_to_idle(Duration::from_secs(cfg.session_ttl_s.max(1)))
                 .build(),
             decode_cost: cfg.decode_cost_tokens,
+            miss_weight: cfg.miss_weight,
             tie_tokens: cfg.tie_tokens,
             spread_blocks: cfg.spread_blocks.max(1),
             overload_factor: cfg.overload_factor,
@@ -111,8 +113,9 @@ impl CacheAware {
             .map(|(i, c)| {
                 let cached = (u64::from(depths.get(i).copied().unwrap_or(0)) * per_block).min(tokens);
                 let running = (c.inflight as u64).max(u64::from(c.reported));
-                let work = (tokens - cached) + c.pending_tokens + self.decode_cost * running;
-                Estimate { index: i, cached, cost: work as f64 / f64::from(c.weight.max(1)) }
+                let queued = c.pending_tokens + self.decode_cost * running;
+                let work = self.miss_weight * (tokens - cached) as f64 + queued as f64;
+                Estimate { index: i, cached, cost: work / f64::from(c.weight.max(1)) }
             })
             .collect()
     }
@@ -278,6 +281,27 @@ mod tests {
         let d = route(&p, &longer, &mut c);
         assert_eq!((d.index, d.prefill_tokens), (first.index, 80));
         assert!(d.detail.starts_with("cached=640/720"), "{}", d.detail);
+    }
+
+    #[test]
+    fn miss_weight_keeps_a_prompt_on_its_holder_longer() {
+        let names = ["b0", "b1"];
+        let with = |w: f64| {
+            let index = Arc::new(PrefixIndex::new(2, 100_000, None));
+            let cfg = CacheAwareConfig { miss_weight: w, tie_tokens: 0, ..CacheAwareConfig::default() };
+            CacheAware::new(&names, index, &cfg)
+        };
+        let k = prompt(&[], 3, 64); // 1,024 tokens
+        for (w, home) in [(1.0, false), (2.0, true)] {
+            let p = with(w);
+            p.index.insert(0, &k.blocks);
+            // The holder has 1,500 prompt tokens queued: more than recomputing the prompt on the
+            // idle one (1,024), less than twice that.
+            let mut c = up(2);
+            c[0].pending_tokens = 1500;
+            let d = p.select(&k, &c).expect("pick");
+            assert_eq!(d.index == 0, home, "miss_weight {w}: {} {}", d.reason, d.detail);
+        }
     }
 
     #[test]
