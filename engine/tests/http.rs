@@ -242,6 +242,35 @@ async fn the_sim_executor_serves_the_same_api_with_real_cache_accounting() {
 }
 
 #[tokio::test]
+async fn a_chat_stream_opens_only_after_its_prefill() {
+    // As vLLM's: the role chunk goes out with the first token, so the first byte of an answer
+    // tells a router the backend's prefill of it is done (warmpath counts queued prefill work
+    // until then). The sim prefill of this prompt takes about 0.5 s: the first body byte cannot
+    // come sooner (a lower bound; a slow machine only makes it later).
+    let mut args = warmpath_engine::config::EngineArgs::for_tests("micro");
+    args.executor = warmpath_engine::config::ExecutorKind::Sim;
+    args.sim_prefill_us_per_token = 5000.0;
+    let e = start(args).await;
+    let body = json!({"model": "micro", "messages": [{"role": "user", "content": long_text(100)}],
+                      "max_tokens": 2, "stream": true});
+    let sent = std::time::Instant::now();
+    let resp = post_streaming(e.addr, "/v1/chat/completions", body).await;
+    let mut body = resp.into_body();
+    let first = loop {
+        let frame = body.frame().await.expect("a frame").expect("frame");
+        if let Ok(data) = frame.into_data() {
+            if !data.is_empty() {
+                break data;
+            }
+        }
+    };
+    let waited = sent.elapsed();
+    let chunk: Value = serde_json::from_str(&sse_data(&String::from_utf8_lossy(&first))[0]).expect("json");
+    assert_eq!(chunk["choices"][0]["delta"]["role"], "assistant", "the opening still comes first");
+    assert!(waited >= Duration::from_millis(400), "first byte after {waited:?}, before the prefill ended");
+}
+
+#[tokio::test]
 async fn a_choice_ended_by_a_stop_string_is_aborted_while_its_siblings_run_on() {
     // With micro's dummy weights, greedy "alpha" continues " Soft Soft ..." and "zzz qq"
     // continues " chr chr ... 563563": "Soft" stops only the first choice, at once.

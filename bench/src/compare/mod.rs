@@ -139,6 +139,10 @@ pub struct Args {
     /// Report directory (default bench/results).
     #[arg(long)]
     out: Option<PathBuf>,
+    /// Also write every request's numbers (one TSV per run: request, prompt tokens, cached
+    /// tokens, TTFT and end-to-end ms) to this directory, for looking into tails.
+    #[arg(long)]
+    per_request: Option<PathBuf>,
     #[command(flatten)]
     engine: EngineOpts,
 }
@@ -278,6 +282,29 @@ impl Slot {
     }
 }
 
+/// One run's requests as TSV, in the workload's order (`per_request`).
+fn write_per_request(dir: &std::path::Path, label: &str, round: usize, outcomes: &[Outcome]) -> anyhow::Result<()> {
+    use std::fmt::Write as _;
+    std::fs::create_dir_all(dir)?;
+    let name: String = label.chars().map(|c| if c.is_ascii_alphanumeric() || c == '-' { c } else { '_' }).collect();
+    let ms = |d: Duration| d.as_secs_f64() * 1e3;
+    let mut text = String::from("request\tok\tprompt_tokens\tcached_tokens\tttft_ms\te2e_ms\n");
+    for (i, o) in outcomes.iter().enumerate() {
+        let opt = |v: Option<usize>| v.map_or(String::new(), |v| v.to_string());
+        let ttft = o.ttft.map_or(String::new(), |d| format!("{:.1}", ms(d)));
+        let _ = writeln!(
+            text,
+            "{i}\t{}\t{}\t{}\t{ttft}\t{:.1}",
+            u8::from(o.ok),
+            opt(o.prompt_tokens),
+            opt(o.cached_tokens),
+            ms(o.e2e)
+        );
+    }
+    std::fs::write(dir.join(format!("{name}-{round}.tsv")), text)?;
+    Ok(())
+}
+
 /// The command-line spelling of a value (`high-load`, `naive`): reports use the flags' words.
 fn value_name(v: impl clap::ValueEnum) -> String {
     v.to_possible_value().map(|p| p.get_name().to_owned()).unwrap_or_default()
@@ -408,6 +435,9 @@ pub async fn run(mut a: Args) -> anyhow::Result<()> {
             let rss_mb = target.pid().map(|p| procfs::rss_bytes(p) as f64 / (1 << 20) as f64);
             if let Some(e) = outcomes.iter().find_map(|o| o.error.clone()) {
                 eprintln!("  first error: {e}");
+            }
+            if let Some(dir) = &a.per_request {
+                write_per_request(dir, &slot.label(), runs[i].len(), &outcomes)?;
             }
             runs[i].push(Run {
                 outcomes,

@@ -7,6 +7,8 @@
 //! the requests in the engine and frees their blocks. A choice ended by a stop string is
 //! dropped (so aborted) as soon as it ends, whatever its sibling choices still do.
 
+use std::collections::HashMap;
+
 use axum::body::Body;
 use axum::http::header;
 use axum::response::{IntoResponse, Response};
@@ -328,11 +330,12 @@ pub fn stream(running: Running, fmt: impl ChunkFormat, faults: RequestFaults) ->
 async fn pump(running: Running, fmt: &impl ChunkFormat, faults: &RequestFaults, tx: &mpsc::Sender<Frame>) {
     let mut tally = UsageTally::new(running.prompt_tokens);
     let mut merged: SelectAll<_> = SelectAll::new();
+    // Each choice's opening goes out with its first event, after its prefill, as vLLM's does:
+    // a router counts a backend's queued prefill work until the first bytes of an answer.
+    let mut openings: HashMap<u32, String> = HashMap::new();
     for c in running.choices {
         if let Some(open) = fmt.opening(c.index) {
-            if tx.send(sse(&open)).await.is_err() {
-                return;
-            }
+            openings.insert(c.index, open);
         }
         // A finished choice ends its stream, which drops it at once (see `Choice`).
         merged.push(Box::pin(stream::unfold(c, |mut c| async move { c.next().await.map(|ev| (ev, c)) })));
@@ -341,6 +344,9 @@ async fn pump(running: Running, fmt: &impl ChunkFormat, faults: &RequestFaults, 
     while let Some(ev) = merged.next().await {
         tally.record(&ev);
         let mut frames = Vec::new();
+        if let Some(open) = openings.remove(&ev.index) {
+            frames.push(sse(&open));
+        }
         if let Some(json) = Some(&ev.text).filter(|t| !t.is_empty()).and_then(|t| fmt.delta(ev.index, t)) {
             frames.push(if faults.malformed { sse(&json[..json.len() / 2]) } else { sse(&json) });
             sent_tokens += 1;

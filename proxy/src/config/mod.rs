@@ -276,7 +276,8 @@ pub struct CacheAwareConfig {
     /// recomputation elsewhere (fewer copies of a prefix leave more cache for the rest).
     pub miss_weight: f64,
     /// Backends whose cost is within this many tokens of the best are equally good; ties go
-    /// by rendezvous hashing on the prompt's first `spread_blocks` blocks.
+    /// to the one holding most, then by rendezvous hashing on the prompt's block `spread_blocks`
+    /// past the longest prefix any backend holds.
     pub tie_tokens: u64,
     pub spread_blocks: usize,
     /// A conversation stays on its backend (session keys: `previous_response_id`,
@@ -306,7 +307,7 @@ impl Default for CacheAwareConfig {
             tie_tokens: 64,
             spread_blocks: 2,
             overload_factor: 1.5,
-            balance_factor: 1.25,
+            balance_factor: 1.5,
             session_ttl_s: 600,
             scrape_interval_ms: 1000,
             event_timeout_ms: 5000,

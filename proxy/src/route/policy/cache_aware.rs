@@ -11,10 +11,12 @@
 //! ```
 //!
 //! and on top of it:
-//! - **ties spread deterministically**: every backend within `tie_tokens` of the best is as good,
-//!   and rendezvous hashing on the prompt's first `spread_blocks` blocks picks among them, so new
-//!   prefixes spread over the pool instead of all landing on the first idle replica, and the same
-//!   prefix always picks the same one;
+//! - **ties spread deterministically**: every backend within `tie_tokens` of the best is as good;
+//!   the one holding the most wins, and among equals rendezvous hashing on the prompt's first
+//!   `spread_blocks` blocks past its longest held prefix picks, so new prefixes spread over the
+//!   pool instead of all landing on the first idle replica, the same prompt always picks the same
+//!   one, and prompts that share a prefix every candidate holds (one system prompt) spread by
+//!   what follows it instead of all following the shared prefix's winner;
 //! - **a hot shared prefix spreads with load**: its holder's pending work grows with every request
 //!   it takes until prefilling the prefix elsewhere is cheaper, and then a second replica caches
 //!   it, then a third, as many as the load needs;
@@ -125,10 +127,12 @@ impl CacheAware {
         xxh3_64_with_seed(&spread_key.to_le_bytes(), self.seeds[i])
     }
 
-    fn spread_key(&self, key: &RouteKey) -> u64 {
+    /// The key ties are spread by: the `spread_blocks`-th block past the first `held` (the
+    /// longest prefix any candidate holds), or the last block.
+    fn spread_key(&self, key: &RouteKey, held: usize) -> u64 {
         match key.blocks.len() {
             0 => key.prefix.unwrap_or(0),
-            n => key.blocks[n.min(self.spread_blocks) - 1],
+            n => key.blocks[(held + self.spread_blocks).min(n) - 1],
         }
     }
 }
@@ -182,7 +186,8 @@ impl Policy for CacheAware {
         let within: Vec<Estimate> = est.iter().copied().filter(|e| inflight(e.index) <= bound).collect();
         let est = if within.is_empty() { est } else { within };
         let best = est.iter().map(|e| e.cost).fold(f64::INFINITY, f64::min);
-        let spread = self.spread_key(key);
+        let held = (most_cached / key.per_block.max(1) as u64) as usize;
+        let spread = self.spread_key(key, held);
         let chosen = est
             .iter()
             .filter(|e| e.cost <= best + self.tie_tokens as f64)
@@ -315,6 +320,25 @@ mod tests {
             counts[d.index] += 1;
             // The same prompt, asked again before any routing, picks the same backend.
             assert_eq!(p.select(&prompt(&[], 1000 + i, 8), &c).expect("pick").index, d.index);
+        }
+        assert!(counts.iter().all(|&n| (70..130).contains(&n)), "{counts:?}");
+    }
+
+    #[test]
+    fn prompts_past_a_prefix_every_backend_holds_spread_by_what_follows_it() {
+        let p = policy(4);
+        let shared = chain(8, 64); // one system prompt, held everywhere
+        for b in 0..4 {
+            p.index.insert(b, &shared);
+        }
+        let c = up(4);
+        let mut counts = [0; 4];
+        for i in 0..400 {
+            let k = prompt(&shared, 5000 + i, 8);
+            let d = p.select(&k, &c).expect("pick");
+            assert_eq!(d.reason, "cache");
+            counts[d.index] += 1;
+            assert_eq!(p.select(&k, &c).expect("pick").index, d.index, "the same prompt, the same pick");
         }
         assert!(counts.iter().all(|&n| (70..130).contains(&n)), "{counts:?}");
     }
