@@ -283,10 +283,16 @@ impl Slot {
 }
 
 /// One run's requests as TSV, in the workload's order (`per_request`).
-fn write_per_request(dir: &std::path::Path, label: &str, round: usize, outcomes: &[Outcome]) -> anyhow::Result<()> {
+fn write_per_request(
+    dir: &std::path::Path,
+    label: &str,
+    round: usize,
+    outcomes: &[Outcome],
+) -> anyhow::Result<()> {
     use std::fmt::Write as _;
     std::fs::create_dir_all(dir)?;
-    let name: String = label.chars().map(|c| if c.is_ascii_alphanumeric() || c == '-' { c } else { '_' }).collect();
+    let name: String =
+        label.chars().map(|c| if c.is_ascii_alphanumeric() || c == '-' { c } else { '_' }).collect();
     let ms = |d: Duration| d.as_secs_f64() * 1e3;
     let mut text = String::from("request\tok\tprompt_tokens\tcached_tokens\tttft_ms\te2e_ms\n");
     for (i, o) in outcomes.iter().enumerate() {
