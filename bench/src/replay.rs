@@ -25,6 +25,9 @@ pub struct Outcome {
     pub cached_tokens: Option<usize>,
     /// Bytes the client put on the wire for this request (request line, headers, body).
     pub bytes_sent: usize,
+    /// warmpath's `x-warmpath-backend` and `x-warmpath-route` (other targets send none).
+    pub backend: Option<String>,
+    pub route: Option<String>,
     pub error: Option<String>,
 }
 
@@ -172,6 +175,9 @@ async fn one(sender: &mut Sender, addr: SocketAddr, r: &Request, timeout: Durati
     let work = async {
         let resp = sender.send.send_request(req).await?;
         let status = resp.status().as_u16();
+        let header = |name: &str| resp.headers().get(name).and_then(|v| v.to_str().ok()).map(str::to_owned);
+        out.backend = header("x-warmpath-backend");
+        out.route = header("x-warmpath-route");
         let mut body = resp.into_body();
         let mut scan = SseScan::default();
         let mut error_body = Vec::new();

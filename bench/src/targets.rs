@@ -82,20 +82,42 @@ pub fn direct(upstream: SocketAddr) -> Target {
     Target { name: "direct".into(), addr: upstream, child: None }
 }
 
-/// The pool tables a `+feature` of a warmpath target spec turns on: `canon` (canonicalization,
-/// blocks with the bundled engine's tokenizer), `defer` (deferred tool discovery), `precise`
-/// (`cache_aware` on the engines' KV events).
-fn feature_toml(feature: &str) -> anyhow::Result<&'static str> {
-    Ok(match feature {
-        "canon" => "[pools.canon]\nenabled = true\ntokenizer = \"wp32k\"\n",
-        "defer" => "[pools.tools]\ndefer = true\n",
-        _ => anyhow::bail!(
-            "unknown warmpath feature +{feature} (canon, defer, precise; @KEY=VALUE for policy keys)"
-        ),
-    })
+/// The pool tables the `+features` of a warmpath target spec turn on: `canon`
+/// (canonicalization, blocks in the bundled engine's tokens), `tok` (blocks in the engine's
+/// tokens, requests sent as they are: the tokenizer a deployment names in `tokenizer_file`),
+/// `defer` (deferred tool discovery), `precise` (`cache_aware` on the engines' KV events, which
+/// needs the engine's tokens, so it implies `tok`). Returns the tables and the lines of the
+/// policy's own table.
+fn feature_toml<'a>(features: impl Iterator<Item = &'a str>) -> anyhow::Result<(String, String)> {
+    let (mut canon, mut tok, mut defer, mut policy) = (false, false, false, String::new());
+    for f in features {
+        match f {
+            "canon" => canon = true,
+            "tok" => tok = true,
+            "defer" => defer = true,
+            "precise" => {
+                tok = true;
+                policy.push_str("mode = \"precise\"\n");
+            }
+            _ => anyhow::bail!(
+                "unknown warmpath feature +{f} (canon, tok, defer, precise; @KEY=VALUE for policy keys)"
+            ),
+        }
+    }
+    let mut tables = String::new();
+    if canon || tok {
+        tables.push_str("[pools.canon]\ntokenizer = \"wp32k\"\n");
+        if canon {
+            tables.push_str("enabled = true\n");
+        }
+    }
+    if defer {
+        tables.push_str("[pools.tools]\ndefer = true\n");
+    }
+    Ok((tables, policy))
 }
 
-/// warmpath with one pool over `backends` under `spec` (`POLICY[+canon][+defer][+precise]`,
+/// warmpath with one pool over `backends` under `spec` (`POLICY[+canon][+tok][+defer][+precise]`,
 /// then `@KEY=VALUE` for each key of the policy's table to set, e.g.
 /// `cache_aware@miss_weight=2@balance_factor=1.5`);
 /// `kv_events` are the backends' KV event endpoints where they publish them (or empty);
@@ -112,14 +134,7 @@ pub fn warmpath(
     let mut keys = spec.split('@');
     let mut parts = keys.next().unwrap_or("").split('+');
     let policy = parts.next().unwrap_or("round_robin");
-    let mut features = String::new();
-    let mut policy_table = String::new();
-    for f in parts {
-        match f {
-            "precise" => policy_table.push_str("mode = \"precise\"\n"),
-            _ => features.push_str(feature_toml(f)?),
-        }
-    }
+    let (mut features, mut policy_table) = feature_toml(parts)?;
     for kv in keys.filter(|kv| !kv.is_empty()) {
         let (k, v) = kv.split_once('=').with_context(|| format!("{kv:?} in {spec:?}: KEY=VALUE"))?;
         policy_table.push_str(&format!("{k} = {v}\n"));

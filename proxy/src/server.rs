@@ -92,7 +92,7 @@ pub fn run(cfg: Config) -> anyhow::Result<()> {
     );
     let load = background_service(
         "warmpath load",
-        LoadScraper { router: router.clone(), metrics: metrics.clone(), upstream: upstream.clone() },
+        LoadScraper::new(router.clone(), metrics.clone(), upstream.clone()),
     );
     let health = background_service(
         "warmpath health",

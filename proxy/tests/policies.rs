@@ -218,6 +218,60 @@ fn cache_aware_follows_the_cache_and_spreads_new_prefixes() {
     assert!(metric_sum(&proxy.metrics(), "warmpath_prefix_index_blocks{") > 10.0);
 }
 
+#[test]
+fn cache_aware_without_a_tokenizer_learns_the_bytes_per_token() {
+    // Without the backends' tokenizer prompts are cut into byte chunks; the engines' KV capacity
+    // (in tokens) becomes one in chunks through the bytes per token warmpath learns from their
+    // vllm:prompt_tokens_total. These prompts are long words, far from the 4 bytes a token a
+    // guess would take.
+    let es = engines(2);
+    let proxy = Proxy::start(&policy(
+        "",
+        "policy = \"cache_aware\"\n[pools.cache_aware]\nscrape_interval_ms = 100\n[pools.canon]\ntokenizer = \"none\"",
+        &["m"],
+        &backends(&es),
+    ));
+    let guess = |m: &str| metric(m, "warmpath_prefix_index_units_per_token{pool=\"main\"}");
+    assert!(eventually(Duration::from_secs(5), || guess(&proxy.metrics()) == Some(4.0)), "the guess first");
+    let (mut bytes, mut tokens) = (0usize, 0u64);
+    for k in 0..12 {
+        let text = format!("{k} {}", " consideration understanding".repeat(200));
+        let body = json!({"model": "m", "max_tokens": 1, "messages": [{"role": "user", "content": text}]});
+        let r = post_json(proxy.addr, "/v1/chat/completions", &body);
+        assert_eq!(r.status, 200, "{}", r.text());
+        bytes += text.len();
+        tokens += r.json()["usage"]["prompt_tokens"].as_u64().expect("usage");
+    }
+    let truth = bytes as f64 / tokens as f64;
+    assert!(truth > 6.0, "the prompts' own bytes per token: {truth}");
+    // The template's few bytes per message aside, warmpath learns what the engines counted.
+    assert!(
+        eventually(Duration::from_secs(5), || guess(&proxy.metrics())
+            .is_some_and(|g| (g - truth).abs() < 0.1 * truth)),
+        "learnt {:?}, prompts {truth}",
+        guess(&proxy.metrics())
+    );
+    // The index sizes each engine's share from it: its KV tokens × bytes per token ÷ chunk.
+    let m = proxy.metrics();
+    let learnt = guess(&m).expect("learnt");
+    let e0 = es[0].metrics();
+    let kv_tokens = e0
+        .lines()
+        .find(|l| l.starts_with("vllm:cache_config_info"))
+        .and_then(|l| l.split("num_gpu_blocks=\"").nth(1))
+        .and_then(|r| r.split('"').next())
+        .and_then(|n| n.parse::<f64>().ok())
+        .expect("the engine reports its blocks")
+        * 16.0;
+    let capacity =
+        metric(&m, "warmpath_prefix_index_capacity_blocks{backend=\"e0\",pool=\"main\"}").expect("set");
+    let chunk = 64.0;
+    assert!(
+        (capacity - kv_tokens * learnt / chunk).abs() <= 1.0 + 0.01 * capacity,
+        "{capacity} {kv_tokens} {learnt}"
+    );
+}
+
 /// The assistant message of a chat response, to append to the history.
 fn j_answer(r: &Resp) -> serde_json::Value {
     let j = r.json();

@@ -66,13 +66,14 @@ pub struct Args {
     #[arg(long, default_value_t = 4)]
     backends: usize,
     /// Targets, `system:policy`: warmpath:round_robin|least_load|prefix_hash|session|cache_aware,
-    /// each with optional `+canon` (canonicalization), `+defer` (tool deferral) and `+precise`
-    /// (cache_aware on the engines' KV events), then `@KEY=VALUE` per key of the policy's table
-    /// (`warmpath:cache_aware@miss_weight=2`), sglang-router:POLICY, vllm-router:POLICY,
-    /// nginx:round_robin, direct (all to engine 0). Default for `trace`: warmpath cache_aware
-    /// (precise and approximate), prefix_hash and round_robin, sglang-router and vllm-router
-    /// cache_aware; for `agent`: warmpath:session as sent and with +canon+defer, and
-    /// cache_aware+canon+defer+precise.
+    /// each with optional `+canon` (canonicalization), `+tok` (prefix blocks in the engines'
+    /// tokens, requests as sent; without it, byte chunks), `+defer` (tool deferral) and
+    /// `+precise` (cache_aware on the engines' KV events; implies `+tok`), then `@KEY=VALUE` per
+    /// key of the policy's table (`warmpath:cache_aware@miss_weight=2`), sglang-router:POLICY,
+    /// vllm-router:POLICY, nginx:round_robin, direct (all to engine 0). Default for `trace`:
+    /// warmpath cache_aware (precise, and approximate with +tok), prefix_hash and round_robin,
+    /// sglang-router and vllm-router cache_aware; for `agent`: warmpath:session as sent and
+    /// with +canon+defer, and cache_aware+canon+defer+precise.
     #[arg(long, value_delimiter = ',')]
     targets: Vec<String>,
     /// agent: client modes, each run against every target.
@@ -294,17 +295,20 @@ fn write_per_request(
     let name: String =
         label.chars().map(|c| if c.is_ascii_alphanumeric() || c == '-' { c } else { '_' }).collect();
     let ms = |d: Duration| d.as_secs_f64() * 1e3;
-    let mut text = String::from("request\tok\tprompt_tokens\tcached_tokens\tttft_ms\te2e_ms\n");
+    let mut text =
+        String::from("request\tok\tprompt_tokens\tcached_tokens\tttft_ms\te2e_ms\tbackend\troute\n");
     for (i, o) in outcomes.iter().enumerate() {
         let opt = |v: Option<usize>| v.map_or(String::new(), |v| v.to_string());
         let ttft = o.ttft.map_or(String::new(), |d| format!("{:.1}", ms(d)));
         let _ = writeln!(
             text,
-            "{i}\t{}\t{}\t{}\t{ttft}\t{:.1}",
+            "{i}\t{}\t{}\t{}\t{ttft}\t{:.1}\t{}\t{}",
             u8::from(o.ok),
             opt(o.prompt_tokens),
             opt(o.cached_tokens),
-            ms(o.e2e)
+            ms(o.e2e),
+            o.backend.as_deref().unwrap_or(""),
+            o.route.as_deref().unwrap_or(""),
         );
     }
     std::fs::write(dir.join(format!("{name}-{round}.tsv")), text)?;
@@ -322,7 +326,7 @@ pub async fn run(mut a: Args) -> anyhow::Result<()> {
     let backends = if a.quick { a.backends.min(2) } else { a.backends };
     if a.targets.is_empty() {
         a.targets = match a.workload {
-            Workload::Trace => "warmpath:cache_aware+precise,warmpath:cache_aware,warmpath:prefix_hash,warmpath:round_robin,sglang-router:cache_aware,vllm-router:cache_aware",
+            Workload::Trace => "warmpath:cache_aware+precise,warmpath:cache_aware+tok,warmpath:prefix_hash,warmpath:round_robin,sglang-router:cache_aware,vllm-router:cache_aware",
             Workload::Agent => "warmpath:session,warmpath:session+canon+defer,warmpath:cache_aware+canon+defer+precise",
         }
         .split(',')

@@ -125,11 +125,17 @@ impl Encoder {
         }
     }
 
-    /// Tokens per block, estimated at 4 bytes a token without a tokenizer.
-    pub fn tokens_per_block(&self) -> f64 {
+    /// Blocks are cut from the backends' own tokens (not estimated from bytes).
+    pub fn exact_tokens(&self) -> bool {
+        matches!(self, Encoder::Tokens { .. })
+    }
+
+    /// Units per token before the pool has learnt its own: 1 with a tokenizer, 4 bytes a token
+    /// (English prose) without one.
+    pub fn units_per_token_guess(&self) -> f64 {
         match self {
-            Encoder::Tokens { block_size, .. } => *block_size as f64,
-            Encoder::Bytes { chunk } => *chunk as f64 / 4.0,
+            Encoder::Tokens { .. } => 1.0,
+            Encoder::Bytes { .. } => 4.0,
         }
     }
 

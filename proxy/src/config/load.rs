@@ -193,6 +193,26 @@ url = "http://127.0.0.1:8000"
     }
 
     #[test]
+    fn precise_mode_needs_the_backends_tokens() {
+        let precise = |canon: &str| {
+            format!(
+                "{}[pools.cache_aware]\nmode = \"precise\"\n{canon}",
+                MINIMAL
+                    .replace(
+                        "http://127.0.0.1:8000\"",
+                        "http://127.0.0.1:8000\"\nkv_events = \"tcp://127.0.0.1:5557\""
+                    )
+                    .replace("[[pools.backends]]", "policy = \"cache_aware\"\n[[pools.backends]]")
+            )
+        };
+        let e = err(&precise(""));
+        assert!(e.message.starts_with("pools[0].cache_aware.mode: precise mode matches"), "{e}");
+        let e = err(&precise("[pools.canon]\ntokenizer = \"none\"\n"));
+        assert!(e.message.contains("tokenizer_file"), "{e}");
+        parse("p.toml", &precise("[pools.canon]\ntokenizer = \"wp32k\"\n")).expect("token blocks: valid");
+    }
+
+    #[test]
     fn missing_parts_fall_back_to_the_closest_table() {
         let e = err("[server]\nthreads = 2\n");
         assert!(e.message.starts_with("pools: at least one"), "{e}");

@@ -279,6 +279,9 @@ pub struct CacheAwareConfig {
     /// to the one holding most, then by rendezvous hashing on the prompt's block `spread_blocks`
     /// past the longest prefix any backend holds.
     pub tie_tokens: u64,
+    /// Among ties, the backend sent the least prefill work lately wins; "lately" decays with
+    /// this time constant, in seconds.
+    pub work_window_s: f64,
     pub spread_blocks: usize,
     /// A conversation stays on its backend (session keys: `previous_response_id`,
     /// `x-session-id`, `prompt_cache_key`, `user`) until that backend's in-flight count exceeds
@@ -303,11 +306,12 @@ impl Default for CacheAwareConfig {
             capacity_blocks: 65_536,
             ttl_s: 0,
             decode_cost_tokens: 32,
-            miss_weight: 1.0,
+            miss_weight: 4.0,
             tie_tokens: 64,
+            work_window_s: 10.0,
             spread_blocks: 2,
             overload_factor: 1.5,
-            balance_factor: 1.5,
+            balance_factor: 3.0,
             session_ttl_s: 600,
             scrape_interval_ms: 1000,
             event_timeout_ms: 5000,

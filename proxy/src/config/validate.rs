@@ -203,9 +203,26 @@ pub fn validate(cfg: &Config) -> Result<(), Invalid> {
                 .key("miss_weight")
                 .err(format!("{} must be at least 1.0 and finite", pool.cache_aware.miss_weight)));
         }
+        let w = pool.cache_aware.work_window_s;
+        if !(w > 0.0 && w.is_finite()) {
+            return Err(ca.key("work_window_s").err(format!("{w} must be positive and finite")));
+        }
         positive(ca.key("capacity_blocks"), pool.cache_aware.capacity_blocks as u64)?;
         positive(ca.key("spread_blocks"), pool.cache_aware.spread_blocks as u64)?;
         if pool.policy == PolicyKind::CacheAware && pool.cache_aware.mode == IndexMode::Precise {
+            // Events name blocks by their token ids: requests must be cut into the same tokens,
+            // or no event key ever matches a request's and the events only crowd the index.
+            let tokens = match pool.canon.tokenizer {
+                TokenizerKind::Wp32k => true,
+                TokenizerKind::None => false,
+                TokenizerKind::Auto => pool.embedded.is_some() || pool.canon.tokenizer_file.is_some(),
+            };
+            if !tokens {
+                return Err(ca.key("mode").err(
+                    "precise mode matches the backends' KV events by token ids: name the model's \
+                     tokenizer ([pools.canon] tokenizer_file, or tokenizer = \"wp32k\")",
+                ));
+            }
             match &pool.embedded {
                 Some(e) if !e.kv_events => {
                     return Err(p

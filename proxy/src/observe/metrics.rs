@@ -2,8 +2,8 @@
 //! so tests and embedded engines never collide). Every metric is listed in `docs/metrics.md`.
 
 use prometheus::{
-    Encoder, Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Opts,
-    Registry, TextEncoder,
+    Encoder, GaugeVec, Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge,
+    IntGaugeVec, Opts, Registry, TextEncoder,
 };
 
 /// Latency buckets (seconds) from 1 ms to 5 min: proxies see both cached 10 ms replies and
@@ -33,6 +33,8 @@ pub struct Metrics {
     pub index_blocks: IntGaugeVec,
     /// `pool`, `backend`: the backend's KV capacity in index blocks (from its metrics).
     pub index_capacity: IntGaugeVec,
+    /// `pool`: prompt units (bytes without a tokenizer) per backend token.
+    pub index_units_per_token: GaugeVec,
     /// `pool`, `backend`, `result` (`ok`, `fail`): reads of backends' `/metrics`.
     pub load_scrapes: IntCounterVec,
     /// `pool`, `backend`, `kind` (`stored`, `removed` blocks; `cleared`; `malformed` batches).
@@ -275,6 +277,18 @@ impl Metrics {
                 "Each backend's KV capacity in index blocks, from its vllm:cache_config_info.",
                 &["pool", "backend"],
             ),
+            index_units_per_token: {
+                let g = GaugeVec::new(
+                    Opts::new(
+                        "warmpath_prefix_index_units_per_token",
+                        "Prompt units per backend token in a cache_aware pool: 1 with the backends' tokenizer, else bytes per token learnt from vllm:prompt_tokens_total.",
+                    ),
+                    &["pool"],
+                )
+                .expect("valid metric");
+                registry.register(Box::new(g.clone())).expect("unique metric");
+                g
+            },
             load_scrapes: counter(
                 "warmpath_backend_load_scrapes_total",
                 "Reads of backends' /metrics for cache_aware load, by result.",

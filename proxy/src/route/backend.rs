@@ -56,6 +56,9 @@ pub struct Backend {
     pending_tokens: AtomicU64,
     /// `vllm:num_requests_running` + `_waiting` at the last scrape.
     reported: AtomicU32,
+    /// Prompt units (tokens, or bytes where the pool has no tokenizer) of every request routed
+    /// here, against the prompt tokens the backend reports.
+    prompt_units: AtomicU64,
     health: Mutex<Health>,
     inflight_gauge: IntGauge,
     up_gauge: IntGauge,
@@ -83,6 +86,7 @@ impl Backend {
             inflight: AtomicUsize::new(0),
             pending_tokens: AtomicU64::new(0),
             reported: AtomicU32::new(0),
+            prompt_units: AtomicU64::new(0),
             health: Mutex::new(Health::default()),
             inflight_gauge,
             up_gauge,
@@ -181,13 +185,18 @@ impl Backend {
         self.reported.store(n, Ordering::Relaxed);
     }
 
+    pub fn prompt_units(&self) -> u64 {
+        self.prompt_units.load(Ordering::Relaxed)
+    }
+
     pub fn pending_tokens(&self) -> u64 {
         self.pending_tokens.load(Ordering::Relaxed)
     }
 
     /// Counts `tokens` of prefill work queued here until the ticket is released (at the
-    /// response's first byte) or dropped.
-    pub fn prefill(self: &Arc<Self>, tokens: u64) -> PrefillTicket {
+    /// response's first byte) or dropped, for a prompt of `prompt` units.
+    pub fn prefill(self: &Arc<Self>, tokens: u64, prompt: u64) -> PrefillTicket {
+        self.prompt_units.fetch_add(prompt, Ordering::Relaxed);
         self.pending_tokens.fetch_add(tokens, Ordering::Relaxed);
         PrefillTicket { backend: self.clone(), tokens, released: AtomicBool::new(false) }
     }

@@ -113,7 +113,7 @@ impl Pool {
                     .with_label_values(&[&self.name, self.policy.name(), d.reason])
                     .inc();
                 self.policy.routed(key, &d);
-                let prefill = self.backends[d.index].prefill(d.prefill_tokens);
+                let prefill = self.backends[d.index].prefill(d.prefill_tokens, key.tokens as u64);
                 return Ok(Selected { index: d.index, reason: d.reason, detail: d.detail, guard, prefill });
             }
             candidates[d.index].state = State::Full;
@@ -234,6 +234,7 @@ fn build_pool(pc: &PoolConfig, backends: Vec<Arc<Backend>>, cfg: &Config) -> Poo
             let ttl = (ca.ttl_s > 0).then(|| Duration::from_secs(ca.ttl_s));
             let index = Arc::new(index::PrefixIndex::new(backends.len(), ca.capacity_blocks, ttl));
             let p = Arc::new(policy::CacheAware::new(&names, index, ca));
+            p.set_units_per_token(canon.encoder().units_per_token_guess());
             cache_aware = Some(p.clone());
             p
         }

@@ -11,12 +11,18 @@
 //! ```
 //!
 //! and on top of it:
-//! - **ties spread deterministically**: every backend within `tie_tokens` of the best is as good;
-//!   the one holding the most wins, and among equals rendezvous hashing on the prompt's first
-//!   `spread_blocks` blocks past its longest held prefix picks, so new prefixes spread over the
-//!   pool instead of all landing on the first idle replica, the same prompt always picks the same
-//!   one, and prompts that share a prefix every candidate holds (one system prompt) spread by
-//!   what follows it instead of all following the shared prefix's winner;
+//! - **ties even out the work**: every backend within `tie_tokens` of the best is as good; the
+//!   one holding the most wins, and among equals the one that was sent the least prefill work
+//!   lately (decaying over `work_window_s`), then rendezvous hashing on the prompt's
+//!   `spread_blocks` blocks past its longest held prefix. New prefixes (and prompts behind a
+//!   system prompt every backend holds) so go where the least work went, not all to the first
+//!   idle replica: a new prefix's conversation brings its follow-ups with it, and what evens
+//!   out the fleet's prefill work (and so the rate each backend's LRU turns over) is where
+//!   conversations start. Measured: work imbalance 1.07 → 1.00 at the same hit rate, where the
+//!   rendezvous hash alone spread by count;
+//! - **a prompt stays where it is cached** until the holder's queue is longer than
+//!   `miss_weight` × the recomputation elsewhere: moving a prompt costs more than its own
+//!   prefill, it copies its prefix into a second cache and evicts someone else's there;
 //! - **a hot shared prefix spreads with load**: its holder's pending work grows with every request
 //!   it takes until prefilling the prefix elsewhere is cheaper, and then a second replica caches
 //!   it, then a third, as many as the load needs;
@@ -27,7 +33,7 @@
 //! Every decision says why (`reason`) and shows its numbers in `x-warmpath-route`.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use moka::sync::Cache;
@@ -47,13 +53,43 @@ pub struct CacheAware {
     /// Per backend: when a request was last routed there (µs since `epoch`).
     routed_at: Vec<AtomicU64>,
     epoch: Instant,
+    /// Prompt units per token (f64 bits): the key's units are bytes where the pool has no
+    /// tokenizer, and the token-denominated settings below scale by it.
+    units_per_token: AtomicU64,
     sticky: Cache<String, usize>,
+    /// Per backend: prefill work routed there lately (see [`RecentWork`]).
+    recent: Mutex<RecentWork>,
     decode_cost: u64,
     miss_weight: f64,
     tie_tokens: u64,
     spread_blocks: usize,
     overload_factor: f64,
     balance_factor: f64,
+}
+
+/// Prefill work (prompt units to compute) routed to each backend, decaying exponentially with
+/// a time constant of `window`: what the tie-break evens out.
+#[derive(Debug)]
+struct RecentWork {
+    work: Vec<f64>,
+    at: Instant,
+    window: f64,
+}
+
+impl RecentWork {
+    fn new(n: usize, window: Duration) -> RecentWork {
+        RecentWork { work: vec![0.0; n], at: Instant::now(), window: window.as_secs_f64().max(1e-3) }
+    }
+
+    /// Brings every backend's work to `now`.
+    fn decay(&mut self, now: Instant) {
+        let dt = now.saturating_duration_since(self.at).as_secs_f64();
+        if dt > 0.0 {
+            let f = (-dt / self.window).exp();
+            self.work.iter_mut().for_each(|w| *w *= f);
+            self.at = now;
+        }
+    }
 }
 
 /// One backend's numbers for one decision.
@@ -72,10 +108,12 @@ impl CacheAware {
             precise: names.iter().map(|_| AtomicBool::new(false)).collect(),
             routed_at: names.iter().map(|_| AtomicU64::new(0)).collect(),
             epoch: Instant::now(),
+            units_per_token: AtomicU64::new(1f64.to_bits()),
             sticky: Cache::builder()
                 .max_capacity(1 << 20)
                 .time_to_idle(Duration::from_secs(cfg.session_ttl_s.max(1)))
                 .build(),
+            recent: Mutex::new(RecentWork::new(names.len(), Duration::from_secs_f64(cfg.work_window_s))),
             decode_cost: cfg.decode_cost_tokens,
             miss_weight: cfg.miss_weight,
             tie_tokens: cfg.tie_tokens,
@@ -87,6 +125,15 @@ impl CacheAware {
 
     pub fn index(&self) -> &Arc<PrefixIndex> {
         &self.index
+    }
+
+    /// How many of the routing key's units make a token (see [`crate::route::load`]).
+    pub fn set_units_per_token(&self, u: f64) {
+        self.units_per_token.store(u.to_bits(), Ordering::Relaxed);
+    }
+
+    fn units_per_token(&self) -> f64 {
+        f64::from_bits(self.units_per_token.load(Ordering::Relaxed))
     }
 
     /// Backend `i`'s events are live (precise) or not (only routing tracks its blocks).
@@ -108,6 +155,7 @@ impl CacheAware {
         let depths = if key.blocks.is_empty() { Vec::new() } else { self.index.depths(&key.blocks) };
         let tokens = key.tokens as u64;
         let per_block = key.per_block as u64;
+        let decode_cost = self.decode_cost as f64 * self.units_per_token();
         candidates
             .iter()
             .enumerate()
@@ -115,11 +163,16 @@ impl CacheAware {
             .map(|(i, c)| {
                 let cached = (u64::from(depths.get(i).copied().unwrap_or(0)) * per_block).min(tokens);
                 let running = (c.inflight as u64).max(u64::from(c.reported));
-                let queued = c.pending_tokens + self.decode_cost * running;
-                let work = self.miss_weight * (tokens - cached) as f64 + queued as f64;
+                let queued = c.pending_tokens as f64 + decode_cost * running as f64;
+                let work = self.miss_weight * (tokens - cached) as f64 + queued;
                 Estimate { index: i, cached, cost: work / f64::from(c.weight.max(1)) }
             })
             .collect()
+    }
+
+    fn recent(&self) -> std::sync::MutexGuard<'_, RecentWork> {
+        // Plain numbers: a panic elsewhere cannot leave them half-written.
+        self.recent.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
     /// Rendezvous weight of backend `i` for this prompt.
@@ -170,12 +223,19 @@ impl Policy for CacheAware {
         };
 
         let mut moved = false;
+        let mut est = est;
         if let Some(home) = key.session.as_ref().and_then(|s| self.sticky.get(s)) {
             match est.iter().find(|e| e.index == home) {
                 Some(e) if inflight(home) <= self.overload_factor * mean + 1.0 => {
                     return Some(decision(e, "affinity"))
                 }
-                _ => moved = true,
+                // Overloaded or down: the conversation leaves it, even where it holds the most.
+                _ => {
+                    moved = true;
+                    if est.len() > 1 {
+                        est.retain(|e| e.index != home);
+                    }
+                }
             }
         }
 
@@ -188,10 +248,21 @@ impl Policy for CacheAware {
         let best = est.iter().map(|e| e.cost).fold(f64::INFINITY, f64::min);
         let held = (most_cached / key.per_block.max(1) as u64) as usize;
         let spread = self.spread_key(key, held);
+        let tie = self.tie_tokens as f64 * self.units_per_token();
+        // Recent work compared in steps of the tie: closer than that is the same.
+        let step = tie.max(1.0);
+        let recent = {
+            let mut r = self.recent();
+            r.decay(Instant::now());
+            r.work.clone()
+        };
         let chosen = est
             .iter()
-            .filter(|e| e.cost <= best + self.tie_tokens as f64)
-            .max_by_key(|e| (e.cached, self.rank(spread, e.index)))
+            .filter(|e| e.cost <= best + tie)
+            .max_by_key(|e| {
+                let lately = (recent[e.index] / step) as u64;
+                (e.cached, std::cmp::Reverse(lately), self.rank(spread, e.index))
+            })
             .expect("the best is within the tie");
         let reason = match (moved, most_cached, chosen.cached) {
             (true, ..) => "affinity_moved",
@@ -210,6 +281,11 @@ impl Policy for CacheAware {
     fn routed(&self, key: &RouteKey, d: &Decision) {
         let now = (self.epoch.elapsed().as_micros() as u64).max(1);
         self.routed_at[d.index].store(now, Ordering::Relaxed);
+        {
+            let mut r = self.recent();
+            r.decay(Instant::now());
+            r.work[d.index] += d.prefill_tokens as f64;
+        }
         // Recorded in both modes: a backend's events for this prompt come only after its
         // prefill, and requests sharing the prefix that arrive meanwhile must already see it
         // there. In precise mode the events then correct the guess: removals, and blocks other
@@ -325,6 +401,28 @@ mod tests {
     }
 
     #[test]
+    fn new_prefixes_even_out_the_prefill_work() {
+        // 400 new conversations of 1 to 120 blocks, one at a time (no queues to tell backends
+        // apart): where they start, their prefill work goes.
+        let p = policy(4);
+        let mut c = up(4);
+        let mut work = [0u64; 4];
+        let mut rng = 0x2545_f491_4f6c_dd1du64;
+        for i in 0..400 {
+            rng ^= rng << 13;
+            rng ^= rng >> 7;
+            rng ^= rng << 17;
+            let d = route(&p, &prompt(&[], 9000 + i, 1 + (rng % 120) as usize), &mut c);
+            assert_eq!(d.reason, "new_prefix");
+            work[d.index] += d.prefill_tokens;
+            drain(&mut c);
+        }
+        let mean = work.iter().sum::<u64>() as f64 / 4.0;
+        let max = *work.iter().max().expect("4") as f64;
+        assert!(max / mean < 1.02, "prefill work per backend {work:?}");
+    }
+
+    #[test]
     fn prompts_past_a_prefix_every_backend_holds_spread_by_what_follows_it() {
         let p = policy(4);
         let shared = chain(8, 64); // one system prompt, held everywhere
@@ -347,21 +445,23 @@ mod tests {
     fn a_hot_shared_prefix_spreads_over_as_many_replicas_as_the_load_needs() {
         let p = policy(4);
         let shared = chain(7, 200); // a 3,200-token system prompt
-                                    // Light load: one request at a time; all stay on the prefix's holder.
+        let suffix = 16; // and 256 tokens of each request's own
+                         // Light load: one request at a time; all stay on the prefix's holder.
         let mut c = up(4);
         let mut light = [0; 4];
         for i in 0..50 {
-            light[route(&p, &prompt(&shared, i, 4), &mut c).index] += 1;
+            light[route(&p, &prompt(&shared, i, suffix), &mut c).index] += 1;
             drain(&mut c);
         }
         assert_eq!(light.iter().filter(|&&n| n > 0).count(), 1, "{light:?}");
-        // Heavy load: 64 requests in flight at once; their prefill work spills over. The
-        // holder takes more requests (each costs it only the 64-token suffix), the others take
-        // the prefix once each: the prefill work, what delays first tokens, stays even.
+        // Heavy load: 200 requests in flight at once; their prefill work spills over once the
+        // holder's queue outweighs prefilling the prefix elsewhere (× miss_weight). The holder
+        // takes more requests (each costs it only the suffix), the others take the prefix once
+        // each: the prefill work, what delays first tokens, stays even.
         let mut heavy = [0; 4];
         let mut work = [0u64; 4];
-        for i in 0..64 {
-            let d = route(&p, &prompt(&shared, 100 + i, 4), &mut c);
+        for i in 0..200 {
+            let d = route(&p, &prompt(&shared, 100 + i, suffix), &mut c);
             heavy[d.index] += 1;
             work[d.index] += d.prefill_tokens;
         }
@@ -373,8 +473,8 @@ mod tests {
         );
         // Now every replica holds the prefix: a burst spreads without recomputing it.
         drain(&mut c);
-        let d = route(&p, &prompt(&shared, 999, 4), &mut c);
-        assert_eq!(d.prefill_tokens, 64);
+        let d = route(&p, &prompt(&shared, 999, suffix), &mut c);
+        assert_eq!(d.prefill_tokens, 256);
     }
 
     #[test]
