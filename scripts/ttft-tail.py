@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """Where TTFT tails come from, per run of `warmpath-bench compare --per-request DIR`.
 
-For each TSV in DIR: TTFT p50/p90/p99; the slowest 1 % of requests (their prompt and uncached
+For each TSV in DIR: TTFT p50/p90/p99 and the p99 of own prefill (uncached tokens × the prefill
+cost: the TTFT with no queue, which no router can beat); the slowest 1 % of requests (their prompt and uncached
 tokens, and how long they waited beyond their own prefill); and, by uncached tokens, the wait
 beyond own prefill (TTFT − uncached × the engines' prefill cost per token) at p50 and p90.
 The wait is what routing controls: the work queued ahead on the engine it picked.
@@ -35,8 +36,10 @@ def main():
         wait = [t - u * per_ms for t, u in zip(ttft, unc)]
         p99 = quantile(ttft, 0.99)
         tail = [i for i, t in enumerate(ttft) if t >= p99]
+        own = [u * per_ms for u in unc]
         print(f"{os.path.basename(path)}: {len(rows)} requests, TTFT p50 {quantile(ttft, .5):.0f} "
-              f"p90 {quantile(ttft, .9):.0f} p99 {p99:.0f} ms")
+              f"p90 {quantile(ttft, .9):.0f} p99 {p99:.0f} ms; own prefill p99 {quantile(own, .99):.0f} ms "
+              f"(the floor with no queue)")
         print(f"  slowest 1 % ({len(tail)}): prompt {st.median(int(rows[i]['prompt_tokens'] or 0) for i in tail):.0f} "
               f"tokens, uncached {st.median(unc[i] for i in tail):.0f} (own prefill "
               f"{st.median(unc[i] for i in tail) * per_ms:.0f} ms), waited {st.median(wait[i] for i in tail):.0f} ms "

@@ -17,7 +17,7 @@ use warmpath_wire::openai::ApiError;
 
 use super::body::{read_body, BodyError};
 use super::client::{request_header, FailKind};
-use super::relay::{client_gone, end_stream_with_error, pump, Pumped, ResponseId, Tail};
+use super::relay::{client_gone, end_stream_with_error, pump, PrefillWatch, Pumped, ResponseId, Tail};
 use super::request::{LlmRequest, LlmRoute};
 use super::respond::{self, send_error};
 use super::{AppState, RequestCtx};
@@ -410,7 +410,9 @@ async fn try_backend(
             id.push(b);
         }
     };
-    let pumped = pump(&mut up, session, &mut ctx.first_byte, &sel.prefill, &mut tail, &mut observe).await;
+    let mut watch = PrefillWatch::new(sse);
+    let prefill = (&sel.prefill, &mut watch);
+    let pumped = pump(&mut up, session, &mut ctx.first_byte, prefill, &mut tail, &mut observe).await;
     if let Some(id) = response_id.as_mut().and_then(ResponseId::take) {
         pool.policy.bind(crate::route::key::response_session(&id), sel.index);
     }

@@ -105,6 +105,97 @@ impl ResponseId {
     }
 }
 
+/// When a backend's answer shows that its prefill is done, so that the prompt tokens it was
+/// sent stop counting as work queued there ([`PrefillTicket`]): a whole answer, at its first
+/// byte; a stream, at its first event past the openings some servers send before they have
+/// computed anything — a chat chunk with only the assistant's role (vLLM sends it after the
+/// prefill, other servers at once), Responses' `response.created` and `response.in_progress`,
+/// comments and keep-alives. Released too early, the policy would see no queue at all there.
+#[derive(Debug)]
+pub struct PrefillWatch {
+    sse: bool,
+    buf: Vec<u8>,
+    done: bool,
+}
+
+impl PrefillWatch {
+    /// Stream bytes looked at before giving up and calling the prefill done.
+    const LOOK: usize = 64 << 10;
+
+    pub fn new(sse: bool) -> PrefillWatch {
+        PrefillWatch { sse, buf: Vec::new(), done: false }
+    }
+
+    /// Feeds the next chunk; true once the prefill is known to be done.
+    pub fn push(&mut self, b: &[u8]) -> bool {
+        if self.done {
+            return true;
+        }
+        if !self.sse {
+            self.done = true;
+            return true;
+        }
+        self.buf.extend_from_slice(b);
+        while let Some((end, sep)) = event_end(&self.buf) {
+            if !is_opening(&self.buf[..end]) {
+                self.done = true;
+                break;
+            }
+            self.buf.drain(..end + sep);
+        }
+        self.done |= self.buf.len() > Self::LOOK;
+        if self.done {
+            self.buf = Vec::new();
+        }
+        self.done
+    }
+}
+
+/// Where the first SSE event in `buf` ends, and the length of its blank-line separator.
+fn event_end(buf: &[u8]) -> Option<(usize, usize)> {
+    let lf = find(buf, b"\n\n").map(|i| (i, 2));
+    let crlf = find(buf, b"\r\n\r\n").map(|i| (i, 4));
+    match (lf, crlf) {
+        (Some(a), Some(b)) => Some(if a.0 <= b.0 { a } else { b }),
+        (a, b) => a.or(b),
+    }
+}
+
+/// An SSE event that carries no output: see [`PrefillWatch`].
+fn is_opening(event: &[u8]) -> bool {
+    use serde_json::Value;
+    let mut data = Vec::new();
+    for line in event.split(|&c| c == b'\n') {
+        let line = line.strip_suffix(b"\r").unwrap_or(line);
+        if let Some(d) = line.strip_prefix(b"data:") {
+            data.extend_from_slice(d.strip_prefix(b" ").unwrap_or(d));
+        }
+    }
+    if data.is_empty() {
+        return true; // a comment, a keep-alive, an event name alone
+    }
+    // `[DONE]`, an error, anything unexpected: the answer is under way or over.
+    let Ok(v) = serde_json::from_slice::<Value>(&data) else { return false };
+    if let Some(t) = v.get("type").and_then(Value::as_str) {
+        return matches!(t, "response.created" | "response.in_progress");
+    }
+    let empty = |v: &Value| match v {
+        Value::Null => true,
+        Value::String(s) => s.is_empty(),
+        Value::Array(a) => a.is_empty(),
+        _ => false,
+    };
+    let Some(choices) = v.get("choices").and_then(Value::as_array) else { return false };
+    !choices.is_empty()
+        && v.get("usage").is_none_or(Value::is_null)
+        && choices.iter().all(|c| {
+            c.get("finish_reason").is_none_or(Value::is_null)
+                && c.get("delta")
+                    .and_then(Value::as_object)
+                    .is_some_and(|d| d.iter().all(|(k, v)| k == "role" || empty(v)))
+        })
+}
+
 fn find(hay: &[u8], needle: &[u8]) -> Option<usize> {
     hay.windows(needle.len()).position(|w| w == needle)
 }
@@ -115,13 +206,13 @@ fn trim(b: &[u8]) -> &[u8] {
 }
 
 /// Copies the body from `up` to the client, showing each chunk to `observe` (the response
-/// cache's recording, the response id). `first_byte` is set and `prefill` released when the
-/// first chunk is sent.
+/// cache's recording, the response id). `first_byte` is set when the first chunk is sent, and
+/// `prefill` released when `watch` sees the prefill done.
 pub async fn pump(
     up: &mut HttpSession,
     session: &mut Session,
     first_byte: &mut Option<Instant>,
-    prefill: &PrefillTicket,
+    (prefill, watch): (&PrefillTicket, &mut PrefillWatch),
     tail: &mut Tail,
     observe: &mut (dyn FnMut(&[u8]) + Send),
 ) -> Pumped {
@@ -143,11 +234,13 @@ pub async fn pump(
                 }
                 tail.push(&bytes);
                 observe(&bytes);
+                if watch.push(&bytes) {
+                    prefill.release();
+                }
                 if session.write_response_body(Some(bytes), false).await.is_err() {
                     return Pumped::ClientGone;
                 }
                 first_byte.get_or_insert_with(Instant::now);
-                prefill.release();
             }
             Ok(None) => return Pumped::Complete,
             Err(e) => return Pumped::UpstreamCut(FailKind::of(&e)),
@@ -226,6 +319,51 @@ mod tests {
         late.push(&[b' '; ResponseId::LOOK]);
         late.push(br#"{"id":"resp_late"}"#);
         assert_eq!(late.take(), None, "only the first bytes are looked at");
+    }
+
+    #[test]
+    fn the_prefill_is_done_at_the_first_event_with_output() {
+        let watch = |sse: bool, chunks: &[&str]| {
+            let mut w = PrefillWatch::new(sse);
+            chunks.iter().map(|c| w.push(c.as_bytes())).collect::<Vec<bool>>()
+        };
+        let role = "data: {\"id\":\"c\",\"choices\":[{\"index\":0,\"delta\":{\"role\":\"assistant\",\"content\":\"\"},\"logprobs\":null,\"finish_reason\":null}]}\n\n";
+        let token = "data: {\"id\":\"c\",\"choices\":[{\"index\":0,\"delta\":{\"content\":\"Hi\"},\"finish_reason\":null}]}\n\n";
+        // A role chunk sent before the prefill does not count; the first token does.
+        assert_eq!(watch(true, &[role, ": keep-alive\n\n", token]), [false, false, true]);
+        // Split anywhere, CRLF separators.
+        let crlf = role.replace("\n\n", "\r\n\r\n");
+        let (a, b) = token.split_at(20);
+        assert_eq!(watch(true, &[&crlf, a, b]), [false, false, true]);
+        // Role and first token in one chunk (as vLLM sends them after the prefill), a tool call,
+        // a finish without text, [DONE], an error event: each ends the wait.
+        assert_eq!(watch(true, &[&format!("{role}{token}")]), [true]);
+        let tool =
+            "data: {\"choices\":[{\"delta\":{\"role\":\"assistant\",\"tool_calls\":[{\"index\":0}]}}]}\n\n";
+        assert_eq!(watch(true, &[tool]), [true]);
+        let fin = "data: {\"choices\":[{\"delta\":{},\"finish_reason\":\"length\"}]}\n\n";
+        assert_eq!(watch(true, &[role, fin]), [false, true]);
+        assert_eq!(watch(true, &[role, "data: [DONE]\n\n"]), [false, true]);
+        assert_eq!(watch(true, &["event: error\ndata: {\"error\":{\"message\":\"x\"}}\n\n"]), [true]);
+        // Completions stream text in `text`.
+        assert_eq!(watch(true, &["data: {\"choices\":[{\"text\":\" a\",\"index\":0}]}\n\n"]), [true]);
+        // Responses: the openings OpenAI sends at once, then output.
+        let created =
+            "event: response.created\ndata: {\"type\":\"response.created\",\"sequence_number\":0}\n\n";
+        let progress = "event: response.in_progress\ndata: {\"type\":\"response.in_progress\",\"sequence_number\":1}\n\n";
+        let item = "event: response.output_item.added\ndata: {\"type\":\"response.output_item.added\"}\n\n";
+        assert_eq!(watch(true, &[created, progress, item]), [false, false, true]);
+        // A whole answer: its first byte.
+        assert_eq!(watch(false, &["{\"id\""]), [true]);
+        // Keep-alives alone keep it waiting (the backend is still queued or prefilling); an
+        // event that never ends is given up on, called done.
+        let mut w = PrefillWatch::new(true);
+        assert!((0..10_000).all(|_| !w.push(b": ping\n\n")));
+        let mut n = 0;
+        while !w.push(b"data: {\"never\": \"ending\"") {
+            n += 1;
+            assert!(n < 10_000, "gives up");
+        }
     }
 
     #[test]
