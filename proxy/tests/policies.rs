@@ -202,14 +202,7 @@ fn cache_aware_follows_the_cache_and_spreads_new_prefixes() {
         "{m}"
     );
     // The engines' /metrics size the index (vllm:cache_config_info) and it reports its memory.
-    let e0 = es[0].metrics();
-    let blocks = e0
-        .lines()
-        .find(|l| l.starts_with("vllm:cache_config_info"))
-        .and_then(|l| l.split("num_gpu_blocks=\"").nth(1))
-        .and_then(|r| r.split('"').next())
-        .and_then(|n| n.parse::<f64>().ok())
-        .expect("the engine reports its blocks");
+    let blocks = kv_blocks(&es[0]);
     assert!(eventually(Duration::from_secs(5), || {
         metric(&proxy.metrics(), "warmpath_prefix_index_capacity_blocks{backend=\"e0\",pool=\"main\"}")
             == Some(blocks)
@@ -254,15 +247,7 @@ fn cache_aware_without_a_tokenizer_learns_the_bytes_per_token() {
     // The index sizes each engine's share from it: its KV tokens × bytes per token ÷ chunk.
     let m = proxy.metrics();
     let learnt = guess(&m).expect("learnt");
-    let e0 = es[0].metrics();
-    let kv_tokens = e0
-        .lines()
-        .find(|l| l.starts_with("vllm:cache_config_info"))
-        .and_then(|l| l.split("num_gpu_blocks=\"").nth(1))
-        .and_then(|r| r.split('"').next())
-        .and_then(|n| n.parse::<f64>().ok())
-        .expect("the engine reports its blocks")
-        * 16.0;
+    let kv_tokens = kv_blocks(&es[0]) * 16.0;
     let capacity =
         metric(&m, "warmpath_prefix_index_capacity_blocks{backend=\"e0\",pool=\"main\"}").expect("set");
     let chunk = 64.0;
@@ -270,6 +255,17 @@ fn cache_aware_without_a_tokenizer_learns_the_bytes_per_token() {
         (capacity - kv_tokens * learnt / chunk).abs() <= 1.0 + 0.01 * capacity,
         "{capacity} {kv_tokens} {learnt}"
     );
+}
+
+/// The KV blocks an engine says it has (`num_gpu_blocks` of its `vllm:cache_config_info`).
+fn kv_blocks(e: &Engine) -> f64 {
+    e.metrics()
+        .lines()
+        .find(|l| l.starts_with("vllm:cache_config_info"))
+        .and_then(|l| l.split("num_gpu_blocks=\"").nth(1))
+        .and_then(|r| r.split('"').next())
+        .and_then(|n| n.parse::<f64>().ok())
+        .expect("the engine reports its blocks")
 }
 
 /// The assistant message of a chat response, to append to the history.
