@@ -120,6 +120,7 @@ class Router:
         self.index = [Lru(cap) for _ in range(n)]
         self.pending, self.inflight = [0] * n, [0] * n
         self.recent, self.at, self.rr = [0.0] * n, 0.0, -1
+        self.shared = {}
 
     def pick(self, r):
         n, blocks, toks, kw = self.n, r["blocks"], r["toks"], self.kw
@@ -138,8 +139,17 @@ class Router:
         bound = kw.get("bf", 3.0) * mean + 1
         cands = [i for i in range(n) if self.inflight[i] <= bound] or list(range(n))
         mw, dc, tie = kw.get("mw", 4.0), kw.get("dc", 32), kw.get("tie", 64)
+        held = max(m)
+        if kw.get("pop", 0) and held:
+            # How many requests lately ended their held prefix at the same block: a prefix many
+            # prompts share is worth copying, one conversation's history is not.
+            key = blocks[held - 1]
+            n, at = self.shared.get(key, (0, -1e9))
+            n = n * math.exp(-(r["arr"] - at) / kw.get("tau", 10.0))
+            self.shared[key] = (n + 1, r["arr"])
+            mw = 1 + (mw - 1) / max(1.0, n) ** kw.get("pop", 1)
         cost = {i: mw * (toks - min(m[i] * BLOCK, toks)) + self.pending[i] + dc * self.inflight[i] for i in cands}
-        best, held = min(cost.values()), max(m)
+        best = min(cost.values())
         key = blocks[min(held + 2, len(blocks)) - 1]
         nb = kw.get("nb", 1)
         return max(

@@ -273,7 +273,8 @@ pub struct CacheAwareConfig {
     pub decode_cost_tokens: u64,
     /// Weight of a prompt token the backend does not hold against a queued one: above 1, a
     /// prompt stays on its holder while the holder's queue is shorter than this many times the
-    /// recomputation elsewhere (fewer copies of a prefix leave more cache for the rest).
+    /// recomputation elsewhere (fewer copies of a prefix leave more cache for the rest). For a
+    /// prefix n requests shared lately, `1 + (miss_weight - 1) / n`: copies of it serve many.
     pub miss_weight: f64,
     /// Backends whose cost is within this many tokens of the best are equally good; ties go
     /// to the one holding most, then by rendezvous hashing on the prompt's block `spread_blocks`
@@ -306,7 +307,7 @@ impl Default for CacheAwareConfig {
             capacity_blocks: 65_536,
             ttl_s: 0,
             decode_cost_tokens: 32,
-            miss_weight: 4.0,
+            miss_weight: 8.0,
             tie_tokens: 64,
             work_window_s: 10.0,
             spread_blocks: 2,

@@ -21,8 +21,12 @@
 //!   conversations start. Measured: work imbalance 1.07 → 1.00 at the same hit rate, where the
 //!   rendezvous hash alone spread by count;
 //! - **a prompt stays where it is cached** until the holder's queue is longer than
-//!   `miss_weight` × the recomputation elsewhere: moving a prompt costs more than its own
-//!   prefill, it copies its prefix into a second cache and evicts someone else's there;
+//!   `miss_weight` × the recomputation elsewhere: moving one conversation costs more than its
+//!   own prefill, it copies its history into a second cache, evicting someone else's there, and
+//!   leaves the first copy to waste. A prefix many prompts share is different: a second copy
+//!   serves them too. So the weight falls with how many requests lately found their longest
+//!   held prefix ending at the same block (n, decaying over `work_window_s`):
+//!   `1 + (miss_weight − 1) / max(1, n)`;
 //! - **a hot shared prefix spreads with load**: its holder's pending work grows with every request
 //!   it takes until prefilling the prefix elsewhere is cheaper, and then a second replica caches
 //!   it, then a third, as many as the load needs;
@@ -59,6 +63,10 @@ pub struct CacheAware {
     sticky: Cache<String, usize>,
     /// Per backend: prefill work routed there lately (see [`RecentWork`]).
     recent: Mutex<RecentWork>,
+    /// Per block ending a held prefix: how many requests lately found their longest held
+    /// prefix ending there, and when that was last counted (µs since `epoch`).
+    shared: Cache<u64, (f64, u64)>,
+    window: Duration,
     decode_cost: u64,
     miss_weight: f64,
     tie_tokens: u64,
@@ -114,6 +122,11 @@ impl CacheAware {
                 .time_to_idle(Duration::from_secs(cfg.session_ttl_s.max(1)))
                 .build(),
             recent: Mutex::new(RecentWork::new(names.len(), Duration::from_secs_f64(cfg.work_window_s))),
+            shared: Cache::builder()
+                .max_capacity(1 << 16)
+                .time_to_idle(Duration::from_secs_f64(cfg.work_window_s * 20.0))
+                .build(),
+            window: Duration::from_secs_f64(cfg.work_window_s),
             decode_cost: cfg.decode_cost_tokens,
             miss_weight: cfg.miss_weight,
             tie_tokens: cfg.tie_tokens,
@@ -151,12 +164,30 @@ impl CacheAware {
         at > 0 && at > t.saturating_duration_since(self.epoch).as_micros() as u64
     }
 
-    fn estimates(&self, key: &RouteKey, candidates: &[Candidate]) -> Vec<Estimate> {
+    fn now_us(&self) -> u64 {
+        self.epoch.elapsed().as_micros() as u64
+    }
+
+    /// Requests lately that found their longest held prefix ending at `block`.
+    fn shared_by(&self, block: u64, now: u64) -> f64 {
+        self.shared.get(&block).map_or(0.0, |(n, at)| {
+            n * (-(now.saturating_sub(at) as f64 / 1e6) / self.window.as_secs_f64().max(1e-3)).exp()
+        })
+    }
+
+    /// The backends' estimates, the last block of the longest prefix any of them holds, and
+    /// how many requests lately shared that prefix.
+    fn estimates(&self, key: &RouteKey, candidates: &[Candidate]) -> (Vec<Estimate>, Option<u64>, f64) {
         let depths = if key.blocks.is_empty() { Vec::new() } else { self.index.depths(&key.blocks) };
+        let up = |i: usize| candidates.get(i).is_some_and(Candidate::is_up);
+        let deepest = depths.iter().enumerate().filter(|&(i, _)| up(i)).map(|(_, &d)| d).max().unwrap_or(0);
+        let held_block = (deepest > 0).then(|| key.blocks[deepest as usize - 1]);
+        let shared = held_block.map_or(0.0, |b| self.shared_by(b, self.now_us()));
+        let miss_weight = 1.0 + (self.miss_weight - 1.0) / shared.max(1.0);
         let tokens = key.tokens as u64;
         let per_block = key.per_block as u64;
         let decode_cost = self.decode_cost as f64 * self.units_per_token();
-        candidates
+        let est = candidates
             .iter()
             .enumerate()
             .filter(|(_, c)| c.is_up())
@@ -164,10 +195,11 @@ impl CacheAware {
                 let cached = (u64::from(depths.get(i).copied().unwrap_or(0)) * per_block).min(tokens);
                 let running = (c.inflight as u64).max(u64::from(c.reported));
                 let queued = c.pending_tokens as f64 + decode_cost * running as f64;
-                let work = self.miss_weight * (tokens - cached) as f64 + queued;
+                let work = miss_weight * (tokens - cached) as f64 + queued;
                 Estimate { index: i, cached, cost: work / f64::from(c.weight.max(1)) }
             })
-            .collect()
+            .collect();
+        (est, held_block, shared)
     }
 
     fn recent(&self) -> std::sync::MutexGuard<'_, RecentWork> {
@@ -204,7 +236,7 @@ impl Policy for CacheAware {
     }
 
     fn select(&self, key: &RouteKey, candidates: &[Candidate]) -> Option<Decision> {
-        let est = self.estimates(key, candidates);
+        let (est, held_block, shared) = self.estimates(key, candidates);
         if est.is_empty() {
             return None;
         }
@@ -213,13 +245,17 @@ impl Policy for CacheAware {
         let inflight = |i: usize| candidates[i].inflight as f64;
         let most_cached = est.iter().map(|e| e.cached).max().unwrap_or(0);
         let detail = |e: &Estimate| {
-            format!("cached={}/{}; cost={:.0}; best_cached={most_cached}", e.cached, key.tokens, e.cost)
+            format!(
+                "cached={}/{}; cost={:.0}; best_cached={most_cached}; shared={shared:.0}",
+                e.cached, key.tokens, e.cost
+            )
         };
         let decision = |e: &Estimate, reason: &'static str| Decision {
             index: e.index,
             reason,
             detail: detail(e),
             prefill_tokens: key.tokens as u64 - e.cached,
+            held_block,
         };
 
         let mut moved = false;
@@ -279,8 +315,11 @@ impl Policy for CacheAware {
     }
 
     fn routed(&self, key: &RouteKey, d: &Decision) {
-        let now = (self.epoch.elapsed().as_micros() as u64).max(1);
+        let now = self.now_us().max(1);
         self.routed_at[d.index].store(now, Ordering::Relaxed);
+        if let Some(b) = d.held_block {
+            self.shared.insert(b, (self.shared_by(b, now) + 1.0, now));
+        }
         {
             let mut r = self.recent();
             r.decay(Instant::now());
@@ -383,6 +422,35 @@ mod tests {
             let d = p.select(&k, &c).expect("pick");
             assert_eq!(d.index == 0, home, "miss_weight {w}: {} {}", d.reason, d.detail);
         }
+    }
+
+    #[test]
+    fn a_prefix_many_prompts_share_is_copied_sooner_than_one_conversation() {
+        let p = policy(2); // miss_weight 8
+        let history = chain(1, 64); // one conversation's 1,024 tokens, held by b0
+        let system = chain(2, 64); // a 1,024-token system prompt, held by b0
+        p.index.insert(0, &history);
+        p.index.insert(0, &system);
+        // b0 has 4,096 prompt tokens queued: more than recomputing 1,024 elsewhere, less than
+        // miss_weight times that.
+        let mut c = up(2);
+        c[0].pending_tokens = 4096;
+        // The conversation's next turn stays with its history.
+        let turn = prompt(&history, 10, 2);
+        let d = p.select(&turn, &c).expect("pick");
+        assert_eq!((d.index, d.reason), (0, "cache"), "{}", d.detail);
+        assert!(d.detail.ends_with("shared=0"), "{}", d.detail);
+        // Twenty new conversations have just started behind the system prompt (on b0).
+        let mut idle = up(2);
+        for i in 0..20 {
+            let d = p.select(&prompt(&system, 100 + i, 2), &idle).expect("pick");
+            p.routed(&prompt(&system, 100 + i, 2), &d);
+            idle[0].pending_tokens = 0;
+        }
+        // The next one goes where prefilling the system prompt again is quicker than the queue.
+        let d = p.select(&prompt(&system, 999, 2), &c).expect("pick");
+        assert_eq!((d.index, d.reason), (1, "load_uncached"), "{}", d.detail);
+        assert!(d.detail.ends_with("shared=20"), "{}", d.detail);
     }
 
     #[test]

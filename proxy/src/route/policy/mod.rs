@@ -72,6 +72,9 @@ pub struct Decision {
     /// Prompt tokens the backend is expected to prefill (its pending work until the first
     /// token).
     pub prefill_tokens: u64,
+    /// `cache_aware`: the last block of the longest prefix any backend held, which
+    /// [`Policy::routed`] counts as shared by one more request.
+    pub held_block: Option<u64>,
 }
 
 impl Decision {
