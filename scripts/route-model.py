@@ -12,10 +12,12 @@ ceiling above the real bench's; use it to rank ideas, then measure them with war
     scripts/route-model.py [--mult 1.6] [--hot 1024] POLICY[:KEY=VALUE...] ...
 
 Policies: `ca` (warmpath cache_aware: keys mw = miss_weight, bf = balance_factor,
-dc = decode_cost_tokens, tie = tie_tokens, tau = work_window_s, nb = 0 to break ties by
-rendezvous only), `sglang` (thr = cache_threshold), `rr` (round robin). Example:
+dc = decode_cost_tokens, tie = tie_tokens, tau = work_window_s; nb = 0 breaks ties by
+rendezvous only, pop = 0 and frac = 0 keep miss_weight whole for shared and short held
+prefixes), `sglang` (thr = cache_threshold), `rr` (round robin). Example, the defaults of
+2026-12-03 beside today's:
 
-    scripts/route-model.py ca ca:mw=1:bf=1.5:nb=0 sglang
+    scripts/route-model.py ca ca:mw=1:bf=1.5:nb=0:pop=0:frac=0 sglang
 """
 import argparse
 import collections
@@ -138,16 +140,17 @@ class Router:
         mean = sum(self.inflight) / n
         bound = kw.get("bf", 3.0) * mean + 1
         cands = [i for i in range(n) if self.inflight[i] <= bound] or list(range(n))
-        mw, dc, tie = kw.get("mw", 4.0), kw.get("dc", 32), kw.get("tie", 64)
+        mw, dc, tie = kw.get("mw", 8.0), kw.get("dc", 32), kw.get("tie", 64)
         held = max(m)
-        if kw.get("pop", 0) and held:
-            # How many requests lately ended their held prefix at the same block: a prefix many
-            # prompts share is worth copying, one conversation's history is not.
+        if held:
+            # The weight of a held prefix: in full for a prompt that is all history, less for a
+            # short held prefix (frac) and for one many requests lately shared (pop).
             key = blocks[held - 1]
             n, at = self.shared.get(key, (0, -1e9))
             n = n * math.exp(-(r["arr"] - at) / kw.get("tau", 10.0))
             self.shared[key] = (n + 1, r["arr"])
-            mw = 1 + (mw - 1) / max(1.0, n) ** kw.get("pop", 1)
+            share = min(1.0, held * BLOCK / toks) if kw.get("frac", 1) else 1.0
+            mw = 1 + (mw - 1) * share / max(1.0, n) ** kw.get("pop", 1)
         cost = {i: mw * (toks - min(m[i] * BLOCK, toks)) + self.pending[i] + dc * self.inflight[i] for i in cands}
         best = min(cost.values())
         key = blocks[min(held + 2, len(blocks)) - 1]

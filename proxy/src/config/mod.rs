@@ -273,8 +273,9 @@ pub struct CacheAwareConfig {
     pub decode_cost_tokens: u64,
     /// Weight of a prompt token the backend does not hold against a queued one: above 1, a
     /// prompt stays on its holder while the holder's queue is shorter than this many times the
-    /// recomputation elsewhere (fewer copies of a prefix leave more cache for the rest). For a
-    /// prefix n requests shared lately, `1 + (miss_weight - 1) / n`: copies of it serve many.
+    /// recomputation elsewhere (fewer copies of a prefix leave more cache for the rest). Scaled
+    /// by the share of the prompt that is held and divided by how many requests lately shared
+    /// that prefix: `1 + (miss_weight - 1) × held / prompt / max(1, n)`.
     pub miss_weight: f64,
     /// Backends whose cost is within this many tokens of the best are equally good; ties go
     /// to the one holding most, then by rendezvous hashing on the prompt's block `spread_blocks`

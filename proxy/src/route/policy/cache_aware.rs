@@ -24,9 +24,13 @@
 //!   `miss_weight` × the recomputation elsewhere: moving one conversation costs more than its
 //!   own prefill, it copies its history into a second cache, evicting someone else's there, and
 //!   leaves the first copy to waste. A prefix many prompts share is different: a second copy
-//!   serves them too. So the weight falls with how many requests lately found their longest
-//!   held prefix ending at the same block (n, decaying over `work_window_s`):
-//!   `1 + (miss_weight − 1) / max(1, n)`;
+//!   serves them too; and what a prompt brings that nobody holds is a new conversation, whose
+//!   next turns follow it wherever it starts. So the weight is
+//!   `1 + (miss_weight − 1) × held / prompt / max(1, n)`: it falls with the share of the prompt
+//!   the longest held prefix is, and with how many requests lately found their longest held
+//!   prefix ending at the same block (n, decaying over `work_window_s`). Without the share, 8
+//!   agent sessions starting together behind one system prompt piled 3 to an engine (work
+//!   imbalance 1.41 on 4 engines; with it 1.03);
 //! - **a hot shared prefix spreads with load**: its holder's pending work grows with every request
 //!   it takes until prefilling the prefix elsewhere is cheaper, and then a second replica caches
 //!   it, then a third, as many as the load needs;
@@ -183,9 +187,10 @@ impl CacheAware {
         let deepest = depths.iter().enumerate().filter(|&(i, _)| up(i)).map(|(_, &d)| d).max().unwrap_or(0);
         let held_block = (deepest > 0).then(|| key.blocks[deepest as usize - 1]);
         let shared = held_block.map_or(0.0, |b| self.shared_by(b, self.now_us()));
-        let miss_weight = 1.0 + (self.miss_weight - 1.0) / shared.max(1.0);
         let tokens = key.tokens as u64;
         let per_block = key.per_block as u64;
+        let held_share = (u64::from(deepest) * per_block).min(tokens) as f64 / tokens.max(1) as f64;
+        let miss_weight = 1.0 + (self.miss_weight - 1.0) * held_share / shared.max(1.0);
         let decode_cost = self.decode_cost as f64 * self.units_per_token();
         let est = candidates
             .iter()
@@ -451,6 +456,26 @@ mod tests {
         let d = p.select(&prompt(&system, 999, 2), &c).expect("pick");
         assert_eq!((d.index, d.reason), (1, "load_uncached"), "{}", d.detail);
         assert!(d.detail.ends_with("shared=20"), "{}", d.detail);
+    }
+
+    #[test]
+    fn a_new_conversation_behind_a_short_held_prefix_starts_where_the_load_is() {
+        let p = policy(2); // miss_weight 8
+        let system = chain(3, 32); // a 512-token system prompt, held by b0
+        p.index.insert(0, &system);
+        let mut c = up(2);
+        c[0].pending_tokens = 1500;
+        // A new conversation of 2,048 tokens: three quarters of it are its own, and wherever it
+        // starts its next turns follow. Prefilling the system prompt again on the idle backend
+        // beats waiting behind 1,500 tokens.
+        let new = prompt(&system, 20, 96);
+        let d = p.select(&new, &c).expect("pick");
+        assert_eq!((d.index, d.reason), (1, "load_uncached"), "{}", d.detail);
+        // A conversation whose history is most of its prompt stays with it behind the same queue.
+        let history = chain(4, 120);
+        p.index.insert(0, &history);
+        let d = p.select(&prompt(&history, 21, 8), &c).expect("pick");
+        assert_eq!((d.index, d.reason), (0, "cache"), "{}", d.detail);
     }
 
     #[test]
