@@ -5,7 +5,8 @@
 //! pool → policy → backend, health, retries) → the backend → [`http::relay`] back to the
 //! client, with [`observe`] counting along the way; [`cache`] answers repeated deterministic
 //! requests without a backend. [`config`] is the policy file,
-//! [`embedded`] starts bundled engine replicas, [`limits`] holds the connection-level limits
+//! [`responses`] serves the Responses API over any chat backend, with conversations in
+//! [`session`], [`embedded`] starts bundled engine replicas, [`limits`] holds the connection-level limits
 //! pingora lacks, and [`server`] assembles the process. See `docs/ARCHITECTURE.md`.
 
 pub mod cache;
@@ -16,6 +17,8 @@ pub mod embedded;
 pub mod http;
 pub mod limits;
 pub mod observe;
+pub mod responses;
 pub mod route;
 pub mod server;
+pub mod session;
 pub mod tools;

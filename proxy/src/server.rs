@@ -69,6 +69,7 @@ pub fn run(cfg: Config) -> anyhow::Result<()> {
         router: router.clone(),
         metrics: metrics.clone(),
         upstream: upstream.clone(),
+        sessions: Arc::new(crate::session::Store::new(&cfg.session).map_err(anyhow::Error::msg)?),
     });
     let proxy = pingora::proxy::http_proxy(&server.configuration, WarmpathProxy { state });
     let app = WithHeaderDeadline {

@@ -271,13 +271,14 @@ fn answers_without_a_backend_keep_the_connection() {
 }
 
 #[test]
-fn embeddings_and_responses_pass_through() {
+fn embeddings_and_native_responses_pass_through() {
     let reply =
         br#"{"object":"list","data":[{"object":"embedding","index":0,"embedding":[0.1,0.2]}]}"#.to_vec();
     let head =
         format!("HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: {}", reply.len());
     let up = Scripted::start(Box::leak(head.into_boxed_str()), reply.clone());
-    let proxy = Proxy::start(&policy("", "policy = \"prefix_hash\"", &["m"], &[("s", up.url())]));
+    let pool = "responses = \"native\"\npolicy = \"prefix_hash\"";
+    let proxy = Proxy::start(&policy("", pool, &["m"], &[("s", up.url())]));
     let emb = br#"{"model":"m","input":["a","b"],"encoding_format":"float"}"#;
     let r = request(proxy.addr, "POST", "/v1/embeddings", &[("content-type", "application/json")], emb);
     assert_eq!((r.status, r.body.clone()), (200, reply.clone()), "{}", r.text());

@@ -118,7 +118,7 @@ fn cache_aware_sends_a_chained_response_where_its_predecessor_is() {
         ups.iter().enumerate().map(|(i, u)| (["b0", "b1", "b2"][i], u.url())).collect();
     let proxy = Proxy::start(&policy(
         "[health]\nenabled = false\n",
-        "policy = \"cache_aware\"\n[pools.cache_aware]\nscrape_interval_ms = 0",
+        "responses = \"native\"\npolicy = \"cache_aware\"\n[pools.cache_aware]\nscrape_interval_ms = 0",
         &["m"],
         &named,
     ));

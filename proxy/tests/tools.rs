@@ -193,7 +193,10 @@ fn the_responses_native_tool_search_is_served_for_a_backend_without_it() {
         json!({"id": "resp_1", "object": "response", "status": "completed", "output": [call],
                "usage": {"input_tokens": body.len() / 4, "output_tokens": 5, "total_tokens": body.len() / 4 + 5}})
     });
-    let proxy = Proxy::start(&policy("", DEFER, &["m"], &[("up", up.url())]));
+    // The backend's own Responses route (warmpath's own Responses translation is tested in
+    // responses.rs).
+    let native = format!("responses = \"native\"\n{DEFER}");
+    let proxy = Proxy::start(&policy("", &native, &["m"], &[("up", up.url())]));
     let mut tools: Vec<Value> = tools()
         .into_iter()
         .map(|t| {

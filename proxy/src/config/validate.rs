@@ -94,6 +94,27 @@ pub fn validate(cfg: &Config) -> Result<(), Invalid> {
         return Err(h.key("path").err(format!("{:?} must start with /", cfg.health.path)));
     }
     positive(root.key("retry").key("max_attempts"), cfg.retry.max_attempts.into())?;
+    let sess = root.key("session");
+    positive(sess.key("max_mib"), cfg.session.max_mib)?;
+    positive(sess.key("ttl_s"), cfg.session.ttl_s)?;
+    positive(sess.key("redis_timeout_ms"), cfg.session.redis_timeout_ms)?;
+    match (&cfg.session.store, &cfg.session.redis_url) {
+        (crate::config::StoreKind::Redis, None) => {
+            return Err(sess.key("redis_url").err("store = \"redis\" needs redis_url"));
+        }
+        (_, Some(url)) => {
+            if let Err(e) = crate::session::redis::RedisUrl::parse(url) {
+                return Err(sess.key("redis_url").err(e));
+            }
+        }
+        _ => {}
+    }
+    let ws = root.key("websocket");
+    positive(ws.key("max_message_kib"), cfg.websocket.max_message_kib)?;
+    positive(ws.key("max_connections"), cfg.websocket.max_connections as u64)?;
+    positive(ws.key("idle_timeout_s"), cfg.websocket.idle_timeout_s)?;
+    positive(ws.key("max_age_s"), cfg.websocket.max_age_s)?;
+    positive(ws.key("ping_interval_s"), cfg.websocket.ping_interval_s)?;
 
     if cfg.pools.is_empty() {
         return Err(root.key("pools").err("at least one [[pools]] entry is needed"));

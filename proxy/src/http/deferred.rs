@@ -11,15 +11,15 @@ use bytes::{Bytes, BytesMut};
 use http::header;
 use pingora::http::ResponseHeader;
 use pingora::protocols::http::client::HttpSession;
-use pingora::proxy::Session;
 use serde_json::Value;
 use warmpath_wire::openai::ApiError;
 
 use super::client::FailKind;
+use super::downstream::Downstream;
 use super::forward::{
     build_request, copy_response_header, note_failure, send, Attempt, Failure, Sent, Shown, Template,
 };
-use super::relay::{client_gone, end_stream_with_error, Tail};
+use super::relay::{end_stream_with_error, Tail};
 use super::request::LlmRoute;
 use super::respond::send_error;
 use super::{AppState, RequestCtx};
@@ -57,7 +57,7 @@ impl Rounds<'_> {
     /// Answers the searches of a round and sends the next one; its response header, or why not.
     async fn next(
         &mut self,
-        session: &mut Session,
+        session: &mut dyn Downstream,
         turn: Turn,
         calls: &[search::SearchCall],
     ) -> Result<Option<(HttpSession, ResponseHeader)>, String> {
@@ -108,7 +108,7 @@ async fn read_whole(up: &mut HttpSession) -> Result<Bytes, FailKind> {
 /// Serves the rest of a request whose first response header (`header`, status 200) is in.
 pub(super) async fn serve(
     mut r: Rounds<'_>,
-    session: &mut Session,
+    session: &mut dyn Downstream,
     ctx: &mut RequestCtx,
     route: LlmRoute,
     up: HttpSession,
@@ -124,7 +124,7 @@ pub(super) async fn serve(
 
 async fn whole(
     r: &mut Rounds<'_>,
-    session: &mut Session,
+    session: &mut dyn Downstream,
     ctx: &mut RequestCtx,
     mut up: HttpSession,
     mut header: ResponseHeader,
@@ -211,7 +211,7 @@ async fn whole(
     }
 }
 
-async fn fail(session: &mut Session, ctx: &mut RequestCtx, what: &str) -> pingora::Result<Attempt> {
+async fn fail(session: &mut dyn Downstream, ctx: &mut RequestCtx, what: &str) -> pingora::Result<Attempt> {
     let mut e = ApiError::internal(what.to_owned()).with_code("upstream_failed");
     e.status = 502;
     ctx.status = 502;
@@ -221,7 +221,7 @@ async fn fail(session: &mut Session, ctx: &mut RequestCtx, what: &str) -> pingor
 
 async fn stream(
     mut r: Rounds<'_>,
-    session: &mut Session,
+    session: &mut dyn Downstream,
     ctx: &mut RequestCtx,
     route: LlmRoute,
     mut up: HttpSession,
@@ -250,7 +250,7 @@ async fn stream(
             let chunk = tokio::select! {
                 biased;
                 c = up.read_response_body() => c,
-                _ = client_gone(session) => {
+                _ = session.gone() => {
                     r.state.metrics.client_disconnects.inc();
                     ctx.client_gone = true;
                     return Ok(Attempt::Done);

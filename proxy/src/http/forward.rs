@@ -17,7 +17,8 @@ use warmpath_wire::openai::ApiError;
 
 use super::body::{read_body, BodyError};
 use super::client::{request_header, FailKind};
-use super::relay::{client_gone, end_stream_with_error, pump, PrefillWatch, Pumped, ResponseId, Tail};
+use super::downstream::Downstream;
+use super::relay::{end_stream_with_error, pump, PrefillWatch, Pumped, ResponseId, Tail};
 use super::request::{LlmRequest, LlmRoute};
 use super::respond::{self, send_error};
 use super::{AppState, RequestCtx};
@@ -72,21 +73,96 @@ pub async fn serve(
     ctx: &mut RequestCtx,
     route: LlmRoute,
 ) -> pingora::Result<()> {
+    let Some(body) = read_client_body(state, session, ctx).await? else { return Ok(()) };
+    let head = Head::of(session.req_header());
+    run(state, session, ctx, route, body, &head).await
+}
+
+/// The client's body, or `None` once the client has its error (413, 408) or is gone.
+pub async fn read_client_body(
+    state: &AppState,
+    session: &mut Session,
+    ctx: &mut RequestCtx,
+) -> pingora::Result<Option<Bytes>> {
     let limits = &state.cfg.limits;
     let deadline = std::time::Duration::from_millis(limits.body_read_timeout_ms);
-    let body = match read_body(session, limits.max_body_bytes, deadline).await {
-        Ok(b) => b,
+    match read_body(session, limits.max_body_bytes, deadline).await {
+        Ok(b) => {
+            state.metrics.request_bytes.observe(b.len() as f64);
+            Ok(Some(b))
+        }
         Err(BodyError::Reject(e)) => {
             let reason = if e.status == 413 { "too_large" } else { "body_timeout" };
-            return reject(state, session, ctx, &e, reason).await;
+            reject(state, session, ctx, &e, reason).await.map(|()| None)
         }
         Err(BodyError::ClientGone) => {
             state.metrics.client_disconnects.inc();
             ctx.status = 499;
-            return Ok(());
+            Ok(None)
         }
-    };
-    state.metrics.request_bytes.observe(body.len() as f64);
+    }
+}
+
+/// What one request's forwarding reads of the client's request head.
+pub struct Head {
+    template: Template,
+    /// `x-session-id`: a routing session key.
+    session_id: Option<String>,
+    cache_control: Directives,
+    authorization: Option<Vec<u8>>,
+}
+
+impl Head {
+    pub fn of(req: &RequestHeader) -> Head {
+        let header = |n: &str| req.headers.get(n).map(|v| v.as_bytes());
+        Head {
+            template: upstream_template(req),
+            session_id: header("x-session-id").and_then(|v| std::str::from_utf8(v).ok()).map(str::to_owned),
+            cache_control: Directives::parse(header(header::CACHE_CONTROL.as_str())),
+            authorization: header(header::AUTHORIZATION.as_str()).map(<[u8]>::to_vec),
+        }
+    }
+
+    /// The same head sent to another path (a translated request), POST, with JSON in.
+    pub fn for_path(&self, path: &str) -> Head {
+        let mut template = Template {
+            path: path.as_bytes().to_vec(),
+            method: http::Method::POST,
+            headers: self.template.headers.clone(),
+        };
+        template.headers.retain(|(n, _)| n != header::CONTENT_TYPE && n != header::ACCEPT);
+        template.headers.push((header::CONTENT_TYPE, http::HeaderValue::from_static("application/json")));
+        Head {
+            template,
+            session_id: self.session_id.clone(),
+            cache_control: self.cache_control,
+            authorization: self.authorization.clone(),
+        }
+    }
+
+    /// Routes by this session key (where the client gave none of its own).
+    pub fn with_session(mut self, key: Option<String>) -> Head {
+        if self.session_id.is_none() {
+            self.session_id = key;
+        }
+        self
+    }
+
+    pub fn authorization(&self) -> Option<&[u8]> {
+        self.authorization.as_deref()
+    }
+}
+
+/// Forwards one LLM request whose body is read: canonical form, response cache, pool and
+/// backend, retries; the answer goes to `session`.
+pub async fn run(
+    state: &AppState,
+    session: &mut dyn Downstream,
+    ctx: &mut RequestCtx,
+    route: LlmRoute,
+    body: Bytes,
+    head: &Head,
+) -> pingora::Result<()> {
     let parsed = match LlmRequest::parse(route, &body) {
         Ok(p) => p,
         Err(e) => return reject(state, session, ctx, &e, "bad_request").await,
@@ -95,7 +171,6 @@ pub async fn serve(
         let e = ApiError::model_not_found(parsed.model());
         return reject(state, session, ctx, &e, "model_not_found").await;
     };
-    let session_header = session.req_header().headers.get("x-session-id").and_then(|v| v.to_str().ok());
     let hash = pool.policy.wants_prefix() || pool.policy.wants_blocks() || pool.canon.rewrites();
     let started = Instant::now();
     let prepared = match pool.canon.prepare(&parsed, hash) {
@@ -107,7 +182,7 @@ pub async fn serve(
     let mut cache_hdr = None;
     if let Some(cache) = &pool.response_cache {
         let sent: &[u8] = prepared.body.as_deref().unwrap_or(&body);
-        match look_up(cache, pool, session.req_header(), &parsed, route, sent) {
+        match look_up(cache, pool, head, &parsed, route, sent) {
             Looked::Hit(entry) => {
                 state.metrics.response_cache_requests.with_label_values(&[&pool.name, "hit"]).inc();
                 return replay(state, session, ctx, &entry, prefix_hdr.as_deref()).await;
@@ -122,11 +197,11 @@ pub async fn serve(
         }
         cache_hdr = Some("miss");
     }
-    let key = parsed.route_key(pool, session_header, prepared.blocks);
+    let key = parsed.route_key(pool, head.session_id.as_deref(), prepared.blocks);
     drop(parsed);
     let search = prepared.search;
     let body = prepared.body.map(Bytes::from).unwrap_or(body);
-    let template = upstream_template(session.req_header());
+    let template = &head.template;
 
     pool.budget.deposit();
     let mut tried = Vec::new();
@@ -161,7 +236,7 @@ pub async fn serve(
             route_hdr.push_str(&format!("; attempt={attempt}"));
         }
         let shown = Shown { route: &route_hdr, prefix: prefix_hdr.as_deref(), cache: cache_hdr };
-        match try_backend(state, session, ctx, route, pool, &sel, &template, &body, shown, search.as_ref())
+        match try_backend(state, session, ctx, route, pool, &sel, template, &body, shown, search.as_ref())
             .await?
         {
             Attempt::Done => return Ok(()),
@@ -211,7 +286,7 @@ pub(super) fn note_failure(state: &AppState, pool: &Pool, backend: &Arc<Backend>
 
 async fn reject(
     state: &AppState,
-    session: &mut Session,
+    session: &mut dyn Downstream,
     ctx: &mut RequestCtx,
     e: &ApiError,
     reason: &str,
@@ -298,7 +373,7 @@ pub(super) async fn send(
     up: &mut HttpSession,
     req: RequestHeader,
     body: &Bytes,
-    session: &mut Session,
+    session: &mut dyn Downstream,
 ) -> pingora::Result<Sent> {
     up.write_request_header(Box::new(req)).await?;
     up.write_request_body(body.clone(), true).await?;
@@ -306,14 +381,14 @@ pub(super) async fn send(
     tokio::select! {
         biased;
         r = up.read_response_header() => r.map(|()| Sent::Header),
-        _ = client_gone(session) => Ok(Sent::ClientGone),
+        _ = session.gone() => Ok(Sent::ClientGone),
     }
 }
 
 #[allow(clippy::too_many_arguments)]
 async fn try_backend(
     state: &AppState,
-    session: &mut Session,
+    session: &mut dyn Downstream,
     ctx: &mut RequestCtx,
     route: LlmRoute,
     pool: &Pool,
@@ -451,7 +526,7 @@ async fn try_backend(
                 let _ = end_stream_with_error(session, route, &tail, &msg).await;
             } else {
                 // A body with a length cannot be ended early honestly: close the connection.
-                session.set_keepalive(None);
+                session.close_after();
                 ctx.truncated = true;
             }
         }
@@ -471,12 +546,12 @@ enum Looked {
 fn look_up(
     cache: &ResponseCache,
     pool: &Pool,
-    req: &RequestHeader,
+    head: &Head,
     parsed: &LlmRequest<'_>,
     route: LlmRoute,
     sent: &[u8],
 ) -> Looked {
-    let directives = Directives::parse(req.headers.get(header::CACHE_CONTROL).map(|v| v.as_bytes()));
+    let directives = head.cache_control;
     if directives.no_store {
         return Looked::Bypass;
     }
@@ -484,8 +559,7 @@ fn look_up(
         tracing::debug!(why, "response cache bypassed");
         return Looked::Bypass;
     }
-    let auth = req.headers.get(header::AUTHORIZATION).map(|v| v.as_bytes());
-    let key = cache.key(&pool.name, route, parsed.model(), auth, sent);
+    let key = cache.key(&pool.name, route, parsed.model(), head.authorization(), sent);
     match cache.get(key).filter(|_| !directives.no_lookup) {
         Some(entry) => Looked::Hit(entry),
         None => Looked::Miss(cache.record(key)),
@@ -495,7 +569,7 @@ fn look_up(
 /// Answers from the response cache: the kept body, a stream chunk by chunk as it was relayed.
 async fn replay(
     state: &AppState,
-    session: &mut Session,
+    session: &mut dyn Downstream,
     ctx: &mut RequestCtx,
     entry: &Entry,
     prefix: Option<&str>,

@@ -6,6 +6,7 @@
 pub mod body;
 pub mod client;
 mod deferred;
+pub mod downstream;
 pub mod forward;
 pub mod models;
 pub mod relay;
@@ -33,6 +34,8 @@ pub struct AppState {
     pub router: Arc<Router>,
     pub metrics: Metrics,
     pub upstream: Arc<Upstream>,
+    /// Stored Responses conversations.
+    pub sessions: Arc<crate::session::Store>,
 }
 
 /// Per-request context (pingora's `CTX`).
@@ -107,6 +110,10 @@ impl ProxyHttp for WarmpathProxy {
         }
         let req = session.req_header();
         match route {
+            Route::Llm(LlmRoute::Responses) => {
+                ctx.route = LlmRoute::Responses.label();
+                crate::responses::serve_http(state, session, ctx).await?;
+            }
             Route::Llm(r) => {
                 ctx.route = r.label();
                 forward::serve(state, session, ctx, r).await?;

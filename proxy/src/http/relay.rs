@@ -5,10 +5,10 @@ use std::time::Instant;
 
 use bytes::Bytes;
 use pingora::protocols::http::client::HttpSession;
-use pingora::proxy::Session;
 use warmpath_wire::openai::ApiError;
 
 use super::client::FailKind;
+use super::downstream::Downstream;
 use super::request::LlmRoute;
 use crate::route::PrefillTicket;
 
@@ -22,15 +22,6 @@ pub enum Pumped {
     ClientGone,
     /// The backend's body broke off.
     UpstreamCut(FailKind),
-}
-
-/// Resolves when the client closes its connection (an H1 read returning EOF or an error);
-/// stays pending otherwise, including when the client pipelines more bytes.
-pub async fn client_gone(session: &mut Session) {
-    if session.read_body_or_idle(true).await.is_err() {
-        return;
-    }
-    std::future::pending::<()>().await
 }
 
 /// The last bytes relayed, to tell where the stream stopped.
@@ -210,7 +201,7 @@ fn trim(b: &[u8]) -> &[u8] {
 /// `prefill` released when `watch` sees the prefill done.
 pub async fn pump(
     up: &mut HttpSession,
-    session: &mut Session,
+    session: &mut dyn Downstream,
     first_byte: &mut Option<Instant>,
     (prefill, watch): (&PrefillTicket, &mut PrefillWatch),
     tail: &mut Tail,
@@ -225,7 +216,7 @@ pub async fn pump(
         let chunk = tokio::select! {
             biased;
             r = up.read_response_body() => r,
-            _ = client_gone(session) => return Pumped::ClientGone,
+            _ = session.gone() => return Pumped::ClientGone,
         };
         match chunk {
             Ok(Some(bytes)) => {
@@ -251,7 +242,7 @@ pub async fn pump(
 /// Ends an SSE stream whose backend failed: a terminal error event the OpenAI SDKs raise as an
 /// `APIError`, then `data: [DONE]` on routes that use it, then the end of the body.
 pub async fn end_stream_with_error(
-    session: &mut Session,
+    session: &mut dyn Downstream,
     route: LlmRoute,
     tail: &Tail,
     message: &str,

@@ -3,13 +3,14 @@
 
 use bytes::Bytes;
 use pingora::http::ResponseHeader;
-use pingora::proxy::Session;
 use pingora::Result;
 use warmpath_wire::openai::ApiError;
 
+use super::downstream::Downstream;
+
 /// Writes a complete response.
 pub async fn send(
-    session: &mut Session,
+    session: &mut dyn Downstream,
     status: u16,
     content_type: &str,
     body: Bytes,
@@ -29,7 +30,7 @@ pub async fn send(
 }
 
 pub async fn send_json(
-    session: &mut Session,
+    session: &mut dyn Downstream,
     status: u16,
     body: Bytes,
     headers: &[(&'static str, String)],
@@ -39,7 +40,7 @@ pub async fn send_json(
 
 /// An error in the OpenAI shape; 429 and 503 tell the client when to come back.
 pub async fn send_error(
-    session: &mut Session,
+    session: &mut dyn Downstream,
     err: &ApiError,
     headers: &[(&'static str, String)],
 ) -> Result<()> {

@@ -100,6 +100,13 @@ pub struct Metrics {
     pub response_cache_bytes: IntGaugeVec,
     /// `pool`: answers held by the response cache.
     pub response_cache_entries: IntGaugeVec,
+    /// `transport` (`http`, `websocket`), `outcome` (`completed`, `incomplete`, `failed`,
+    /// `error`): Responses turns warmpath translated.
+    pub responses_turns: IntCounterVec,
+    /// `op` (`get`, `put`), `result` (`ok`, `error`): conversation store calls that reached it.
+    pub session_store_ops: IntCounterVec,
+    /// Bytes and entries of the in-memory conversation store.
+    pub session_store_bytes: IntGaugeVec,
 }
 
 impl Metrics {
@@ -163,6 +170,21 @@ impl Metrics {
                 "warmpath_response_cache_entries",
                 "Answers held by the response cache.",
                 &["pool"],
+            ),
+            responses_turns: counter(
+                "warmpath_responses_turns_total",
+                "Responses turns warmpath translated to chat, by transport and outcome.",
+                &["transport", "outcome"],
+            ),
+            session_store_ops: counter(
+                "warmpath_session_store_ops_total",
+                "Conversation store calls, by operation and result.",
+                &["op", "result"],
+            ),
+            session_store_bytes: gauge(
+                "warmpath_session_store_bytes",
+                "Bytes of conversations held by the in-memory store.",
+                &["store"],
             ),
             canon_edits: counter(
                 "warmpath_canon_edits_total",

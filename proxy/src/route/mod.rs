@@ -44,6 +44,8 @@ pub struct Pool {
     /// `[pools.response_cache]`, where enabled.
     pub response_cache: Option<crate::cache::ResponseCache>,
     pub budget: RetryBudget,
+    /// `responses`: translated by warmpath, or the backends' own.
+    pub responses: crate::config::ResponsesMode,
 }
 
 /// Why no backend could be picked.
@@ -253,6 +255,7 @@ fn build_pool(pc: &PoolConfig, backends: Vec<Arc<Backend>>, cfg: &Config) -> Poo
             .enabled
             .then(|| crate::cache::ResponseCache::new(&pc.response_cache)),
         budget: RetryBudget::new(cfg.retry.budget_ratio.0, cfg.retry.min_retries_per_sec),
+        responses: pc.responses,
     }
 }
 

@@ -1,0 +1,50 @@
+//! Where an LLM request's answer goes. The forwarding code (`forward`, `relay`, `deferred`)
+//! writes a backend's response to a [`Downstream`]: the HTTP client's pingora session, or a
+//! Responses translator that turns the backend's chat stream into Responses events for an HTTP
+//! client or a WebSocket connection (`crate::responses`).
+
+use async_trait::async_trait;
+use bytes::Bytes;
+use pingora::http::ResponseHeader;
+use pingora::proxy::Session;
+
+/// The client side of one request, as the forwarding code sees it. The method names are
+/// pingora's, so that the HTTP case is the session itself.
+#[async_trait]
+pub trait Downstream: Send {
+    async fn write_response_header(&mut self, header: Box<ResponseHeader>, end: bool) -> pingora::Result<()>;
+
+    async fn write_response_body(&mut self, body: Option<Bytes>, end: bool) -> pingora::Result<()>;
+
+    /// Resolves when the client has gone (closed its connection, or stopped waiting for this
+    /// answer); stays pending otherwise. Cancel-safe: it is raced against backend reads.
+    async fn gone(&mut self);
+
+    /// The answer cannot be ended honestly (a body with a length broke off): close the client
+    /// connection after it.
+    fn close_after(&mut self);
+}
+
+#[async_trait]
+impl Downstream for Session {
+    async fn write_response_header(&mut self, header: Box<ResponseHeader>, end: bool) -> pingora::Result<()> {
+        Session::write_response_header(self, header, end).await
+    }
+
+    async fn write_response_body(&mut self, body: Option<Bytes>, end: bool) -> pingora::Result<()> {
+        Session::write_response_body(self, body, end).await
+    }
+
+    async fn gone(&mut self) {
+        // An H1 read returning EOF or an error; a client pipelining its next request is not
+        // gone.
+        if self.read_body_or_idle(true).await.is_err() {
+            return;
+        }
+        std::future::pending::<()>().await
+    }
+
+    fn close_after(&mut self) {
+        self.set_keepalive(None);
+    }
+}

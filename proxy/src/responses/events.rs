@@ -1,0 +1,470 @@
+//! A backend's Chat Completions stream, chunk by chunk, into the Responses streaming events:
+//! `response.created`, `response.in_progress`, output items opened, deltas, items done, and
+//! `response.completed` (or `incomplete`, `failed`) with the whole response, every event
+//! numbered by `sequence_number`. A whole chat answer goes through the same steps at once.
+
+use serde_json::{json, Map, Value};
+
+use super::request::ResponsesRequest;
+
+/// A fresh id with a prefix (`resp_`, `msg_`, `fc_`): 24 random bytes in hex, so that an id
+/// cannot be guessed.
+pub fn new_id(prefix: &str) -> String {
+    let mut b = [0u8; 24];
+    if getrandom::getrandom(&mut b).is_err() {
+        // No OS randomness: unique still (time and a counter), if guessable.
+        static N: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+        let n = N.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let t = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default();
+        b[..16].copy_from_slice(&t.as_nanos().to_le_bytes());
+        b[16..].copy_from_slice(&n.to_le_bytes());
+    }
+    let mut s = String::with_capacity(prefix.len() + 48);
+    s.push_str(prefix);
+    for x in b {
+        s.push_str(&format!("{x:02x}"));
+    }
+    s
+}
+
+#[derive(Debug, Clone)]
+enum Item {
+    Message { id: String, text: String, open: bool },
+    Call { id: String, chat_index: u64, call_id: String, name: String, arguments: String, open: bool },
+}
+
+impl Item {
+    fn value(&self, status: &str) -> Value {
+        match self {
+            Item::Message { id, text, open } => {
+                let content = if *open && text.is_empty() {
+                    json!([])
+                } else {
+                    json!([{"type": "output_text", "text": text, "annotations": []}])
+                };
+                json!({"id": id, "type": "message", "status": status, "role": "assistant", "content": content})
+            }
+            Item::Call { id, call_id, name, arguments, .. } => json!({
+                "id": id, "type": "function_call", "status": status, "call_id": call_id, "name": name,
+                "arguments": arguments,
+            }),
+        }
+    }
+}
+
+/// How the response ended.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Outcome {
+    Completed,
+    /// `max_output_tokens` or `content_filter`.
+    Incomplete(&'static str),
+    Failed {
+        code: String,
+        message: String,
+    },
+}
+
+/// One response being built from a chat stream.
+#[derive(Debug)]
+pub struct Builder {
+    pub id: String,
+    created_at: u64,
+    /// The request's fields echoed in the response object.
+    echo: Map<String, Value>,
+    seq: u64,
+    items: Vec<Item>,
+    usage: Option<Value>,
+    finish: Option<String>,
+    outcome: Option<Outcome>,
+}
+
+impl Builder {
+    pub fn new(id: String, req: &ResponsesRequest) -> Builder {
+        let mut echo = Map::new();
+        echo.insert("model".into(), json!(req.model));
+        echo.insert("instructions".into(), json!(req.instructions));
+        echo.insert("previous_response_id".into(), json!(req.previous_response_id));
+        echo.insert("tools".into(), Value::Array(req.tools.clone()));
+        echo.insert("tool_choice".into(), req.tool_choice.clone().unwrap_or(json!("auto")));
+        echo.insert("parallel_tool_calls".into(), json!(req.parallel_tool_calls.unwrap_or(true)));
+        echo.insert("max_output_tokens".into(), json!(req.max_output_tokens));
+        echo.insert("temperature".into(), json!(req.temperature.unwrap_or(1.0)));
+        echo.insert("top_p".into(), json!(req.top_p.unwrap_or(1.0)));
+        echo.insert("store".into(), json!(req.store));
+        echo.insert("metadata".into(), req.metadata.clone().unwrap_or(json!({})));
+        echo.insert("text".into(), req.text.clone().unwrap_or(json!({"format": {"type": "text"}})));
+        echo.insert("prompt_cache_key".into(), json!(req.prompt_cache_key));
+        echo.insert("user".into(), json!(req.user));
+        let created_at =
+            std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs());
+        Builder { id, created_at, echo, seq: 0, items: Vec::new(), usage: None, finish: None, outcome: None }
+    }
+
+    fn event(&mut self, kind: &str, mut fields: Map<String, Value>) -> Value {
+        fields.insert("type".into(), json!(kind));
+        fields.insert("sequence_number".into(), json!(self.seq));
+        self.seq += 1;
+        Value::Object(fields)
+    }
+
+    /// The response object as it stands.
+    pub fn response(&self) -> Value {
+        let (status, incomplete, error) = match &self.outcome {
+            None => ("in_progress", Value::Null, Value::Null),
+            Some(Outcome::Completed) => ("completed", Value::Null, Value::Null),
+            Some(Outcome::Incomplete(why)) => ("incomplete", json!({"reason": why}), Value::Null),
+            Some(Outcome::Failed { code, message }) => {
+                ("failed", Value::Null, json!({"code": code, "message": message}))
+            }
+        };
+        let item_status = if self.outcome.is_some() { "completed" } else { "in_progress" };
+        let mut o = Map::new();
+        o.insert("id".into(), json!(self.id));
+        o.insert("object".into(), json!("response"));
+        o.insert("created_at".into(), json!(self.created_at));
+        o.insert("status".into(), json!(status));
+        o.insert("error".into(), error);
+        o.insert("incomplete_details".into(), incomplete);
+        o.insert("output".into(), Value::Array(self.items.iter().map(|i| i.value(item_status)).collect()));
+        o.insert("usage".into(), self.usage.clone().unwrap_or(Value::Null));
+        for (k, v) in &self.echo {
+            o.insert(k.clone(), v.clone());
+        }
+        Value::Object(o)
+    }
+
+    /// The opening events.
+    pub fn start(&mut self) -> Vec<Value> {
+        let r = self.response();
+        let created = self.event("response.created", obj([("response", r.clone())]));
+        let progress = self.event("response.in_progress", obj([("response", r)]));
+        vec![created, progress]
+    }
+
+    /// One chat completion chunk's events.
+    pub fn chunk(&mut self, chunk: &Value, out: &mut Vec<Value>) {
+        if let Some(u) = chunk.get("usage").filter(|u| u.is_object()) {
+            self.usage = Some(usage(u));
+        }
+        let Some(choice) = chunk.get("choices").and_then(|c| c.get(0)) else { return };
+        let delta = choice.get("delta").or_else(|| choice.get("message"));
+        if let Some(text) =
+            delta.and_then(|d| d.get("content")).and_then(Value::as_str).filter(|t| !t.is_empty())
+        {
+            self.text(text, out);
+        }
+        if let Some(calls) = delta.and_then(|d| d.get("tool_calls")).and_then(Value::as_array) {
+            for (k, c) in calls.iter().enumerate() {
+                self.call(c, k as u64, out);
+            }
+        }
+        if let Some(f) = choice.get("finish_reason").and_then(Value::as_str) {
+            self.finish = Some(f.to_owned());
+        }
+    }
+
+    fn text(&mut self, text: &str, out: &mut Vec<Value>) {
+        let open = matches!(self.items.last(), Some(Item::Message { open: true, .. }));
+        if !open {
+            self.close_open(out);
+            let id = new_id("msg_");
+            self.items.push(Item::Message { id: id.clone(), text: String::new(), open: true });
+            let index = self.items.len() - 1;
+            let item = self.items[index].value("in_progress");
+            let e = self
+                .event("response.output_item.added", obj([("output_index", json!(index)), ("item", item)]));
+            out.push(e);
+            let part = json!({"type": "output_text", "text": "", "annotations": []});
+            let e = self.event(
+                "response.content_part.added",
+                obj([
+                    ("item_id", json!(id)),
+                    ("output_index", json!(index)),
+                    ("content_index", json!(0)),
+                    ("part", part),
+                ]),
+            );
+            out.push(e);
+        }
+        let index = self.items.len() - 1;
+        let Some(Item::Message { id, text: all, .. }) = self.items.last_mut() else { return };
+        all.push_str(text);
+        let id = id.clone();
+        let e = self.event(
+            "response.output_text.delta",
+            obj([
+                ("item_id", json!(id)),
+                ("output_index", json!(index)),
+                ("content_index", json!(0)),
+                ("delta", json!(text)),
+                ("logprobs", json!([])),
+            ]),
+        );
+        out.push(e);
+    }
+
+    /// A tool call delta: `index` keys the call; id and name come first, then argument
+    /// fragments.
+    fn call(&mut self, c: &Value, position: u64, out: &mut Vec<Value>) {
+        let chat_index = c.get("index").and_then(Value::as_u64).unwrap_or(position);
+        let f = c.get("function");
+        let name = f.and_then(|f| f.get("name")).and_then(Value::as_str);
+        let args = f.and_then(|f| f.get("arguments")).and_then(Value::as_str).unwrap_or("");
+        let at = self
+            .items
+            .iter()
+            .position(|i| matches!(i, Item::Call { chat_index: n, open: true, .. } if *n == chat_index));
+        let index = match at {
+            Some(i) => i,
+            None => {
+                self.close_open(out);
+                let call_id =
+                    c.get("id").and_then(Value::as_str).map_or_else(|| new_id("call_"), str::to_owned);
+                self.items.push(Item::Call {
+                    id: new_id("fc_"),
+                    chat_index,
+                    call_id,
+                    name: name.unwrap_or("").to_owned(),
+                    arguments: String::new(),
+                    open: true,
+                });
+                let index = self.items.len() - 1;
+                let item = self.items[index].value("in_progress");
+                let e = self.event(
+                    "response.output_item.added",
+                    obj([("output_index", json!(index)), ("item", item)]),
+                );
+                out.push(e);
+                index
+            }
+        };
+        if args.is_empty() {
+            return;
+        }
+        let Item::Call { id, arguments, .. } = &mut self.items[index] else { return };
+        arguments.push_str(args);
+        let id = id.clone();
+        let e = self.event(
+            "response.function_call_arguments.delta",
+            obj([("item_id", json!(id)), ("output_index", json!(index)), ("delta", json!(args))]),
+        );
+        out.push(e);
+    }
+
+    /// Closes every open item, in order.
+    fn close_open(&mut self, out: &mut Vec<Value>) {
+        for index in 0..self.items.len() {
+            let events: Vec<(&str, Map<String, Value>)> = match &mut self.items[index] {
+                Item::Message { id, text, open } if *open => {
+                    *open = false;
+                    let part = json!({"type": "output_text", "text": text, "annotations": []});
+                    let at = |extra: Vec<(&str, Value)>| {
+                        let mut m = obj([
+                            ("item_id", json!(id)),
+                            ("output_index", json!(index)),
+                            ("content_index", json!(0)),
+                        ]);
+                        m.extend(extra.into_iter().map(|(k, v)| (k.to_owned(), v)));
+                        m
+                    };
+                    vec![
+                        (
+                            "response.output_text.done",
+                            at(vec![("text", json!(text)), ("logprobs", json!([]))]),
+                        ),
+                        ("response.content_part.done", at(vec![("part", part)])),
+                    ]
+                }
+                Item::Call { id, name, arguments, open, .. } if *open => {
+                    *open = false;
+                    vec![(
+                        "response.function_call_arguments.done",
+                        obj([
+                            ("item_id", json!(id)),
+                            ("output_index", json!(index)),
+                            ("name", json!(name)),
+                            ("arguments", json!(arguments)),
+                        ]),
+                    )]
+                }
+                _ => continue,
+            };
+            for (kind, fields) in events {
+                let e = self.event(kind, fields);
+                out.push(e);
+            }
+            let item = self.items[index].value("completed");
+            let e = self
+                .event("response.output_item.done", obj([("output_index", json!(index)), ("item", item)]));
+            out.push(e);
+        }
+    }
+
+    /// The closing events: open items done, then the terminal event with the whole response.
+    /// `failure` is set when the backend's stream failed.
+    pub fn finish(&mut self, failure: Option<(String, String)>, out: &mut Vec<Value>) {
+        self.close_open(out);
+        let (outcome, kind) = match (failure, self.finish.as_deref()) {
+            (Some((code, message)), _) => (Outcome::Failed { code, message }, "response.failed"),
+            (None, Some("length")) => (Outcome::Incomplete("max_output_tokens"), "response.incomplete"),
+            (None, Some("content_filter")) => (Outcome::Incomplete("content_filter"), "response.incomplete"),
+            (None, _) => (Outcome::Completed, "response.completed"),
+        };
+        self.outcome = Some(outcome);
+        let r = self.response();
+        let e = self.event(kind, obj([("response", r)]));
+        out.push(e);
+    }
+
+    pub fn outcome(&self) -> Option<&Outcome> {
+        self.outcome.as_ref()
+    }
+
+    /// The output items as a later turn's input takes them back.
+    pub fn output_items(&self) -> Vec<Value> {
+        self.items.iter().map(|i| i.value("completed")).collect()
+    }
+}
+
+fn obj<const N: usize>(pairs: [(&str, Value); N]) -> Map<String, Value> {
+    pairs.into_iter().map(|(k, v)| (k.to_owned(), v)).collect()
+}
+
+/// Chat usage → Responses usage.
+fn usage(u: &Value) -> Value {
+    let n = |v: Option<&Value>| v.and_then(Value::as_u64).unwrap_or(0);
+    let input = n(u.get("prompt_tokens"));
+    let output = n(u.get("completion_tokens"));
+    let cached = n(u.get("prompt_tokens_details").and_then(|d| d.get("cached_tokens")));
+    json!({
+        "input_tokens": input,
+        "input_tokens_details": {"cached_tokens": cached},
+        "output_tokens": output,
+        "output_tokens_details": {"reasoning_tokens": 0},
+        "total_tokens": n(u.get("total_tokens")).max(input + output),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn builder() -> Builder {
+        let req =
+            ResponsesRequest::from_json(json!({"model": "m", "input": "hi"}).as_object().expect("o"), false)
+                .expect("parse");
+        Builder::new("resp_1".into(), &req)
+    }
+
+    fn kinds(events: &[Value]) -> Vec<&str> {
+        events.iter().filter_map(|e| e["type"].as_str()).collect()
+    }
+
+    #[test]
+    fn a_text_stream_becomes_the_responses_event_sequence() {
+        let mut b = builder();
+        let mut ev = b.start();
+        for c in [
+            json!({"choices": [{"index": 0, "delta": {"role": "assistant", "content": ""}}]}),
+            json!({"choices": [{"index": 0, "delta": {"content": "Hel"}}]}),
+            json!({"choices": [{"index": 0, "delta": {"content": "lo"}, "finish_reason": "stop"}]}),
+            json!({"choices": [], "usage": {"prompt_tokens": 7, "completion_tokens": 2, "total_tokens": 9,
+                                            "prompt_tokens_details": {"cached_tokens": 4}}}),
+        ] {
+            b.chunk(&c, &mut ev);
+        }
+        b.finish(None, &mut ev);
+        assert_eq!(
+            kinds(&ev),
+            [
+                "response.created",
+                "response.in_progress",
+                "response.output_item.added",
+                "response.content_part.added",
+                "response.output_text.delta",
+                "response.output_text.delta",
+                "response.output_text.done",
+                "response.content_part.done",
+                "response.output_item.done",
+                "response.completed"
+            ]
+        );
+        let seqs: Vec<u64> = ev.iter().filter_map(|e| e["sequence_number"].as_u64()).collect();
+        assert_eq!(seqs, (0..ev.len() as u64).collect::<Vec<_>>());
+        let done = &ev.last().expect("last")["response"];
+        assert_eq!(done["status"], "completed");
+        assert_eq!(done["output"][0]["content"][0]["text"], "Hello");
+        assert_eq!(done["usage"]["input_tokens_details"]["cached_tokens"], 4);
+        assert_eq!(done["usage"]["total_tokens"], 9);
+        assert_eq!(ev[0]["response"]["status"], "in_progress");
+        assert_eq!(ev[6]["text"], "Hello");
+    }
+
+    #[test]
+    fn tool_calls_become_function_call_items_after_the_text() {
+        let mut b = builder();
+        let mut ev = Vec::new();
+        for c in [
+            json!({"choices": [{"delta": {"content": "Let me check."}}]}),
+            json!({"choices": [{"delta": {"tool_calls": [{"index": 0, "id": "call_a", "type": "function", "function": {"name": "get_weather", "arguments": ""}}]}}]}),
+            json!({"choices": [{"delta": {"tool_calls": [{"index": 0, "function": {"arguments": "{\"city\":"}}]}}]}),
+            json!({"choices": [{"delta": {"tool_calls": [{"index": 0, "function": {"arguments": "\"Oslo\"}"}}]}}]}),
+            json!({"choices": [{"delta": {"tool_calls": [{"index": 1, "id": "call_b", "function": {"name": "get_time", "arguments": "{}"}}]}, "finish_reason": "tool_calls"}]}),
+        ] {
+            b.chunk(&c, &mut ev);
+        }
+        b.finish(None, &mut ev);
+        let k = kinds(&ev);
+        let first_call =
+            k.iter().position(|&e| e == "response.function_call_arguments.delta").expect("delta");
+        let message_done = k.iter().position(|&e| e == "response.output_text.done").expect("text done");
+        assert!(message_done < first_call, "the message closes before the call opens: {k:?}");
+        let items = b.output_items();
+        assert_eq!(items.len(), 3);
+        assert_eq!(items[1]["type"], "function_call");
+        assert_eq!(
+            (items[1]["call_id"].as_str(), items[1]["arguments"].as_str()),
+            (Some("call_a"), Some("{\"city\":\"Oslo\"}"))
+        );
+        assert_eq!(
+            (items[2]["name"].as_str(), items[2]["arguments"].as_str()),
+            (Some("get_time"), Some("{}"))
+        );
+        let arg_done: Vec<&Value> =
+            ev.iter().filter(|e| e["type"] == "response.function_call_arguments.done").collect();
+        assert_eq!(arg_done.len(), 2);
+        assert_eq!(arg_done[0]["arguments"], "{\"city\":\"Oslo\"}");
+        assert_eq!(ev.last().expect("last")["type"], "response.completed");
+    }
+
+    #[test]
+    fn length_is_incomplete_and_a_broken_stream_fails() {
+        let mut b = builder();
+        let mut ev = Vec::new();
+        b.chunk(&json!({"choices": [{"delta": {"content": "x"}, "finish_reason": "length"}]}), &mut ev);
+        b.finish(None, &mut ev);
+        let r = &ev.last().expect("last")["response"];
+        assert_eq!(
+            (r["status"].as_str(), r["incomplete_details"]["reason"].as_str()),
+            (Some("incomplete"), Some("max_output_tokens"))
+        );
+
+        let mut b = builder();
+        let mut ev = Vec::new();
+        b.chunk(&json!({"choices": [{"delta": {"content": "x"}}]}), &mut ev);
+        b.finish(Some(("upstream_stream_error".into(), "cut".into())), &mut ev);
+        let last = ev.last().expect("last");
+        assert_eq!(last["type"], "response.failed");
+        assert_eq!(last["response"]["error"]["code"], "upstream_stream_error");
+        assert_eq!(
+            kinds(&ev)[..3],
+            ["response.output_item.added", "response.content_part.added", "response.output_text.delta"]
+        );
+    }
+
+    #[test]
+    fn ids_are_random_and_prefixed() {
+        let (a, b) = (new_id("resp_"), new_id("resp_"));
+        assert!(a.starts_with("resp_") && a.len() == 53 && a != b, "{a} {b}");
+    }
+}

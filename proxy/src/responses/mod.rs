@@ -1,0 +1,303 @@
+//! The Responses API, served by warmpath for any OpenAI-compatible backend: a turn (an HTTP
+//! `POST /v1/responses`, or a WebSocket `response.create`) is the stored conversation plus the
+//! new input items, sent as a Chat Completions request through the same forwarding path as
+//! every other request (canonical form, deferred tools, routing, retries), and the backend's
+//! chat stream is translated back into Responses events. The conversation, with the turn's
+//! output, is stored under the new response id for `previous_response_id` (`crate::session`).
+//!
+//! - `request`: the request's fields and their chat translation;
+//! - `events`: chat chunks → Responses events and the response object;
+//! - `translate`: the [`Downstream`](crate::http::downstream::Downstream) that does it on the
+//!   fly, writing to an [`EventSink`] (HTTP here, WebSocket in `crate::ws`).
+
+pub mod events;
+pub mod request;
+pub mod translate;
+
+use std::sync::Arc;
+
+use async_trait::async_trait;
+use bytes::Bytes;
+use pingora::http::ResponseHeader;
+use pingora::proxy::Session;
+use serde_json::Value;
+use warmpath_wire::openai::ApiError;
+
+use crate::config::ResponsesMode;
+use crate::http::downstream::Downstream;
+use crate::http::forward::{self, Head};
+use crate::http::request::LlmRoute;
+use crate::http::respond::send_error;
+use crate::http::{AppState, RequestCtx};
+use crate::session::{self, Conversation};
+use events::{Builder, Outcome};
+use request::ResponsesRequest;
+pub use translate::{EventSink, Shown, Translator};
+
+/// One turn, ready to run.
+pub struct Turn {
+    pub req: ResponsesRequest,
+    pub id: String,
+    pub tenant: u64,
+    /// The conversation it continues.
+    pub previous: Option<Arc<Conversation>>,
+}
+
+/// `previous_response_id` names nothing this caller can continue.
+pub fn previous_not_found(id: &str, status: u16) -> ApiError {
+    let mut e = ApiError::invalid_request(format!("Previous response with id '{id}' not found."))
+        .with_param("previous_response_id")
+        .with_code("previous_response_not_found");
+    e.status = status;
+    e
+}
+
+impl Turn {
+    /// Looks the predecessor up: `cached` first (a WebSocket connection's last response), then
+    /// the store. `missing_status`: 404 over HTTP, 400 in a WebSocket error event, as OpenAI.
+    pub async fn prepare(
+        state: &AppState,
+        req: ResponsesRequest,
+        tenant: u64,
+        cached: Option<&Arc<Conversation>>,
+        missing_status: u16,
+    ) -> Result<Turn, ApiError> {
+        let previous = match req.previous_response_id.as_deref() {
+            None => None,
+            Some(id) => match cached.filter(|c| c.id == id && c.tenant == tenant) {
+                Some(c) => Some(c.clone()),
+                None => match state.sessions.get(tenant, id).await {
+                    Ok(Some(c)) => Some(c),
+                    Ok(None) => return Err(previous_not_found(id, missing_status)),
+                    Err(e) => {
+                        tracing::warn!(error = %e, "conversation store read failed");
+                        state.metrics.session_store_ops.with_label_values(&["get", "error"]).inc();
+                        return Err(ApiError::unavailable(format!("the conversation store failed: {e}"))
+                            .with_code("session_store_unavailable"));
+                    }
+                },
+            },
+        };
+        Ok(Turn { req, id: events::new_id("resp_"), tenant, previous })
+    }
+
+    /// The routing session key: the client's `prompt_cache_key`, else the conversation's first
+    /// response, so that every turn goes where its KV cache is.
+    fn session_key(&self) -> String {
+        match (&self.req.prompt_cache_key, &self.previous) {
+            (Some(k), _) if !k.is_empty() => k.clone(),
+            (_, Some(p)) => format!("conversation:{}", p.root),
+            _ => format!("conversation:{}", self.id),
+        }
+    }
+
+    /// The conversation after this turn, with its output.
+    fn stored(&self, output: Vec<Value>) -> Conversation {
+        let mut items = self.req.input.clone();
+        items.extend(output);
+        Conversation::new(self.id.clone(), self.tenant, self.req.model.clone(), self.previous.clone(), items)
+    }
+}
+
+/// Runs a turn to `sink` and stores the conversation after it (when the response completed,
+/// or stopped at its token limit). Returns the stored conversation, for the caller to keep as
+/// its latest; `None` when the turn failed.
+pub async fn run(
+    state: &AppState,
+    sink: &mut dyn EventSink,
+    ctx: &mut RequestCtx,
+    turn: &Turn,
+    head: &Head,
+    transport: &'static str,
+) -> pingora::Result<Option<Arc<Conversation>>> {
+    let mut tr = Translator::new(sink, Builder::new(turn.id.clone(), &turn.req));
+    if turn.req.generate {
+        let history: Vec<Value> =
+            turn.previous.as_ref().map_or_else(Vec::new, |p| p.all_items().into_iter().cloned().collect());
+        let chat = match turn.req.to_chat(&history) {
+            Ok(c) => c,
+            Err(e) => {
+                ctx.status = e.status;
+                send_error(&mut tr, &e, &[]).await?;
+                return Ok(None);
+            }
+        };
+        let head = head.for_path("/v1/chat/completions").with_session(Some(turn.session_key()));
+        let body = Bytes::from(chat.to_string());
+        forward::run(state, &mut tr, ctx, LlmRoute::Chat, body, &head).await?;
+    } else {
+        // Warm-up: an id to chain from, no output.
+        let mut h = ResponseHeader::build(200, Some(1))?;
+        h.insert_header(http::header::CONTENT_TYPE, "application/json")?;
+        tr.write_response_header(Box::new(h), false).await?;
+        tr.write_response_body(Some(Bytes::from_static(b"{\"choices\":[]}")), true).await?;
+        ctx.status = 200;
+    }
+    let outcome = tr.outcome().cloned();
+    let label = match &outcome {
+        Some(Outcome::Completed) => "completed",
+        Some(Outcome::Incomplete(_)) => "incomplete",
+        Some(Outcome::Failed { .. }) => "failed",
+        None => "error",
+    };
+    state.metrics.responses_turns.with_label_values(&[transport, label]).inc();
+    let output = tr.builder.output_items();
+    match outcome {
+        Some(Outcome::Completed | Outcome::Incomplete(_)) => {
+            let c = Arc::new(turn.stored(output));
+            if turn.req.store {
+                let result = state.sessions.put(c.clone()).await;
+                let label = if result.is_ok() { "ok" } else { "error" };
+                state.metrics.session_store_ops.with_label_values(&["put", label]).inc();
+                if let Err(e) = result {
+                    tracing::warn!(error = %e, id = %c.id, "conversation store write failed");
+                }
+                if let crate::session::Store::Memory(_) = &*state.sessions {
+                    let (bytes, _) = state.sessions.usage();
+                    state.metrics.session_store_bytes.with_label_values(&["memory"]).set(bytes as i64);
+                }
+            }
+            Ok(Some(c))
+        }
+        _ => Ok(None),
+    }
+}
+
+/// `POST /v1/responses`.
+pub async fn serve_http(
+    state: &AppState,
+    session: &mut Session,
+    ctx: &mut RequestCtx,
+) -> pingora::Result<()> {
+    let Some(body) = forward::read_client_body(state, session, ctx).await? else { return Ok(()) };
+    let head = Head::of(session.req_header());
+    let parsed = serde_json::from_slice::<Value>(&body)
+        .map_err(|e| ApiError::invalid_request(format!("invalid JSON: {e}")))
+        .and_then(|v| match v {
+            Value::Object(o) => Ok(o),
+            _ => Err(ApiError::invalid_request("the body must be a JSON object")),
+        });
+    let obj = match parsed {
+        Ok(o) => o,
+        Err(e) => return reject(state, session, ctx, &e).await,
+    };
+    // A pool that serves Responses natively gets the request as it is.
+    let model = obj.get("model").and_then(Value::as_str).unwrap_or("");
+    if state.router.pool_for(model).is_some_and(|p| p.responses == ResponsesMode::Native) {
+        return forward::run(state, session, ctx, LlmRoute::Responses, body, &head).await;
+    }
+    let req = match ResponsesRequest::from_json(&obj, false) {
+        Ok(r) => r,
+        Err(e) => return reject(state, session, ctx, &e).await,
+    };
+    drop(obj);
+    let tenant = session::tenant(head.authorization());
+    let turn = match Turn::prepare(state, req, tenant, None, 404).await {
+        Ok(t) => t,
+        Err(e) => return reject(state, session, ctx, &e).await,
+    };
+    let mut sink = HttpSink { session, stream: turn.req.stream, shown: Vec::new() };
+    run(state, &mut sink, ctx, &turn, &head, "http").await?;
+    Ok(())
+}
+
+async fn reject(
+    state: &AppState,
+    session: &mut Session,
+    ctx: &mut RequestCtx,
+    e: &ApiError,
+) -> pingora::Result<()> {
+    let reason = if e.body.error.code.as_deref() == Some("previous_response_not_found") {
+        "previous_response_not_found"
+    } else {
+        "bad_request"
+    };
+    state.metrics.rejections.with_label_values(&[reason]).inc();
+    ctx.status = e.status;
+    send_error(session, e, &[]).await
+}
+
+/// An HTTP client: SSE events (`event: <type>` / `data: <json>`), or, not streaming, the final
+/// response object (a failed one as a 502 error).
+struct HttpSink<'a> {
+    session: &'a mut Session,
+    stream: bool,
+    shown: Shown,
+}
+
+impl HttpSink<'_> {
+    fn header(
+        &self,
+        status: u16,
+        content_type: &str,
+        len: Option<usize>,
+        shown: &Shown,
+    ) -> pingora::Result<ResponseHeader> {
+        let mut h = ResponseHeader::build(status, Some(4 + shown.len()))?;
+        h.insert_header(http::header::CONTENT_TYPE, content_type)?;
+        match len {
+            Some(n) => h.insert_header(http::header::CONTENT_LENGTH, n.to_string())?,
+            None => h.insert_header(http::header::TRANSFER_ENCODING, "chunked")?,
+        }
+        for (k, v) in shown {
+            h.insert_header(k.clone(), v.as_str())?;
+        }
+        Ok(h)
+    }
+}
+
+#[async_trait]
+impl EventSink for HttpSink<'_> {
+    async fn begin(&mut self, shown: &Shown) -> pingora::Result<()> {
+        if self.stream {
+            let h = self.header(200, "text/event-stream", None, shown)?;
+            self.session.write_response_header(Box::new(h), false).await?;
+        } else {
+            self.shown = shown.clone();
+        }
+        Ok(())
+    }
+
+    async fn events(&mut self, events: Vec<Value>, last: bool) -> pingora::Result<()> {
+        if self.stream {
+            let mut out = String::new();
+            for e in &events {
+                out.push_str("event: ");
+                out.push_str(e.get("type").and_then(Value::as_str).unwrap_or("message"));
+                out.push_str("\ndata: ");
+                out.push_str(&e.to_string());
+                out.push_str("\n\n");
+            }
+            return self.session.write_response_body(Some(Bytes::from(out)), last).await;
+        }
+        if !last {
+            return Ok(());
+        }
+        let Some(response) = events.last().and_then(|e| e.get("response")) else { return Ok(()) };
+        if response.get("status").and_then(Value::as_str) == Some("failed") {
+            let msg = response["error"]["message"].as_str().unwrap_or("the backend failed").to_owned();
+            let code = response["error"]["code"].as_str().unwrap_or("upstream_error").to_owned();
+            let mut e = ApiError::internal(msg).with_code(&code);
+            e.status = 502;
+            let shown = std::mem::take(&mut self.shown);
+            return self.error(502, Bytes::from(e.to_json()), &shown).await;
+        }
+        let body = Bytes::from(response.to_string());
+        let h = self.header(200, "application/json", Some(body.len()), &self.shown)?;
+        self.session.write_response_header(Box::new(h), false).await?;
+        self.session.write_response_body(Some(body), true).await
+    }
+
+    async fn error(&mut self, status: u16, body: Bytes, shown: &Shown) -> pingora::Result<()> {
+        let h = self.header(status, "application/json", Some(body.len()), shown)?;
+        self.session.write_response_header(Box::new(h), body.is_empty()).await?;
+        if !body.is_empty() {
+            self.session.write_response_body(Some(body), true).await?;
+        }
+        Ok(())
+    }
+
+    async fn gone(&mut self) {
+        Downstream::gone(self.session).await
+    }
+}

@@ -1,0 +1,454 @@
+//! A Responses request (`POST /v1/responses` body, or a WebSocket `response.create` event) and
+//! its translation into the Chat Completions request every OpenAI-compatible backend speaks.
+
+use serde_json::{json, Map, Value};
+use warmpath_wire::openai::ApiError;
+
+/// The fields warmpath acts on; the rest of the request is ignored, as OpenAI ignores fields a
+/// model does not use.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ResponsesRequest {
+    pub model: String,
+    /// The new input items (a string input is one user message).
+    pub input: Vec<Value>,
+    /// The system prompt of this turn; not carried over by `previous_response_id`.
+    pub instructions: Option<String>,
+    pub previous_response_id: Option<String>,
+    /// Keep the response for later `previous_response_id` (OpenAI's default: true).
+    pub store: bool,
+    pub stream: bool,
+    /// WebSocket warm-up (`generate: false`): a response id to chain from, no output.
+    pub generate: bool,
+    /// Function tools in the Responses form.
+    pub tools: Vec<Value>,
+    pub tool_choice: Option<Value>,
+    pub parallel_tool_calls: Option<bool>,
+    pub max_output_tokens: Option<u64>,
+    pub temperature: Option<f64>,
+    pub top_p: Option<f64>,
+    pub seed: Option<i64>,
+    pub prompt_cache_key: Option<String>,
+    pub metadata: Option<Value>,
+    /// `text.format`: plain text, or a JSON object / schema (`response_format` in chat).
+    pub text: Option<Value>,
+    pub user: Option<String>,
+}
+
+fn bad(message: impl Into<String>, param: &str) -> ApiError {
+    ApiError::invalid_request(message).with_param(param)
+}
+
+fn opt_str(o: &Map<String, Value>, k: &str) -> Result<Option<String>, ApiError> {
+    match o.get(k) {
+        None | Some(Value::Null) => Ok(None),
+        Some(Value::String(s)) => Ok(Some(s.clone())),
+        Some(_) => Err(bad(format!("`{k}` must be a string"), k)),
+    }
+}
+
+fn opt_bool(o: &Map<String, Value>, k: &str) -> Result<Option<bool>, ApiError> {
+    match o.get(k) {
+        None | Some(Value::Null) => Ok(None),
+        Some(Value::Bool(b)) => Ok(Some(*b)),
+        Some(_) => Err(bad(format!("`{k}` must be a boolean"), k)),
+    }
+}
+
+fn opt_f64(o: &Map<String, Value>, k: &str) -> Result<Option<f64>, ApiError> {
+    match o.get(k) {
+        None | Some(Value::Null) => Ok(None),
+        Some(Value::Number(n)) => Ok(n.as_f64()),
+        Some(_) => Err(bad(format!("`{k}` must be a number"), k)),
+    }
+}
+
+impl ResponsesRequest {
+    /// Reads a request body; `event` is true for a WebSocket `response.create` (where `type`
+    /// is the event's and `stream` is not allowed: events always stream).
+    pub fn from_json(o: &Map<String, Value>, event: bool) -> Result<ResponsesRequest, ApiError> {
+        let model = opt_str(o, "model")?.ok_or_else(|| bad("`model` is required", "model"))?;
+        let input = match o.get("input") {
+            None | Some(Value::Null) => Vec::new(),
+            Some(Value::String(s)) => vec![json!({"type": "message", "role": "user", "content": s})],
+            Some(Value::Array(items)) => {
+                for (i, item) in items.iter().enumerate() {
+                    check_item(item).map_err(|m| bad(m, &format!("input[{i}]")))?;
+                }
+                items.clone()
+            }
+            Some(_) => return Err(bad("`input` must be a string or an array of items", "input")),
+        };
+        if event && o.contains_key("stream") {
+            return Err(bad("`stream` is not a field of response.create: events always stream", "stream"));
+        }
+        let tools = match o.get("tools") {
+            None | Some(Value::Null) => Vec::new(),
+            Some(Value::Array(t)) => {
+                let mut out = Vec::with_capacity(t.len());
+                for (i, tool) in t.iter().enumerate() {
+                    match tool.get("type").and_then(Value::as_str) {
+                        Some("function") => {
+                            if tool.get("name").and_then(Value::as_str).is_none_or(str::is_empty) {
+                                return Err(bad(
+                                    "a function tool needs a `name`",
+                                    &format!("tools[{i}].name"),
+                                ));
+                            }
+                            out.push(tool.clone());
+                        }
+                        // The hosted search over deferred tools: warmpath's own deferral
+                        // (`[pools.tools] defer`) does that job on the translated request.
+                        Some("tool_search") => {}
+                        other => {
+                            return Err(bad(
+                                format!(
+                                    "tool type {:?} is not supported: only function tools",
+                                    other.unwrap_or("")
+                                ),
+                                &format!("tools[{i}].type"),
+                            ))
+                        }
+                    }
+                }
+                out
+            }
+            Some(_) => return Err(bad("`tools` must be an array", "tools")),
+        };
+        let max_output_tokens =
+            match o.get("max_output_tokens") {
+                None | Some(Value::Null) => None,
+                Some(v) => Some(v.as_u64().filter(|&n| n > 0).ok_or_else(|| {
+                    bad("`max_output_tokens` must be a positive integer", "max_output_tokens")
+                })?),
+            };
+        let seed = match o.get("seed") {
+            None | Some(Value::Null) => None,
+            Some(v) => Some(v.as_i64().ok_or_else(|| bad("`seed` must be an integer", "seed"))?),
+        };
+        Ok(ResponsesRequest {
+            model,
+            input,
+            instructions: opt_str(o, "instructions")?,
+            previous_response_id: opt_str(o, "previous_response_id")?,
+            store: opt_bool(o, "store")?.unwrap_or(true),
+            stream: opt_bool(o, "stream")?.unwrap_or(event),
+            generate: opt_bool(o, "generate")?.unwrap_or(true),
+            tools,
+            tool_choice: o.get("tool_choice").filter(|v| !v.is_null()).cloned(),
+            parallel_tool_calls: opt_bool(o, "parallel_tool_calls")?,
+            max_output_tokens,
+            temperature: opt_f64(o, "temperature")?,
+            top_p: opt_f64(o, "top_p")?,
+            seed,
+            prompt_cache_key: opt_str(o, "prompt_cache_key")?,
+            metadata: o.get("metadata").filter(|v| !v.is_null()).cloned(),
+            text: o.get("text").filter(|v| !v.is_null()).cloned(),
+            user: opt_str(o, "user")?,
+        })
+    }
+
+    /// The Chat Completions request for this turn over `history` (the stored conversation's
+    /// items) and the new input. Always streamed, with usage, whatever the client asked: the
+    /// translation reads one form.
+    pub fn to_chat(&self, history: &[Value]) -> Result<Value, ApiError> {
+        let mut messages = Vec::with_capacity(history.len() + self.input.len() + 1);
+        if let Some(i) = &self.instructions {
+            messages.push(json!({"role": "system", "content": i}));
+        }
+        for item in history.iter().chain(&self.input) {
+            push_item(&mut messages, item)?;
+        }
+        let mut body = Map::new();
+        body.insert("model".into(), json!(self.model));
+        body.insert("messages".into(), Value::Array(messages));
+        if !self.tools.is_empty() {
+            body.insert("tools".into(), Value::Array(self.tools.iter().map(chat_tool).collect()));
+        }
+        if let Some(c) = &self.tool_choice {
+            body.insert("tool_choice".into(), chat_tool_choice(c));
+        }
+        if let Some(p) = self.parallel_tool_calls {
+            body.insert("parallel_tool_calls".into(), json!(p));
+        }
+        if let Some(n) = self.max_output_tokens {
+            body.insert("max_tokens".into(), json!(n));
+        }
+        if let Some(t) = self.temperature {
+            body.insert("temperature".into(), json!(t));
+        }
+        if let Some(p) = self.top_p {
+            body.insert("top_p".into(), json!(p));
+        }
+        if let Some(s) = self.seed {
+            body.insert("seed".into(), json!(s));
+        }
+        if let Some(u) = &self.user {
+            body.insert("user".into(), json!(u));
+        }
+        if let Some(f) = self.text.as_ref().and_then(|t| t.get("format")) {
+            if let Some(rf) = response_format(f) {
+                body.insert("response_format".into(), rf);
+            }
+        }
+        body.insert("stream".into(), json!(true));
+        body.insert("stream_options".into(), json!({"include_usage": true}));
+        Ok(Value::Object(body))
+    }
+}
+
+/// What an input item must look like to be translated.
+fn check_item(item: &Value) -> Result<(), String> {
+    let Some(o) = item.as_object() else { return Err("an input item must be an object".into()) };
+    let kind = o.get("type").and_then(Value::as_str);
+    match kind {
+        None | Some("message") => {
+            match o.get("role").and_then(Value::as_str) {
+                Some("user" | "assistant" | "system" | "developer") => {}
+                Some(r) => return Err(format!("unknown role {r:?}")),
+                None => return Err("a message needs a `role`".into()),
+            }
+            match o.get("content") {
+                Some(Value::String(_) | Value::Array(_)) => Ok(()),
+                _ => Err("a message's `content` must be a string or an array of parts".into()),
+            }
+        }
+        Some("function_call") => {
+            for k in ["call_id", "name", "arguments"] {
+                if o.get(k).and_then(Value::as_str).is_none() {
+                    return Err(format!("a function_call needs `{k}` (a string)"));
+                }
+            }
+            Ok(())
+        }
+        Some("function_call_output") => {
+            if o.get("call_id").and_then(Value::as_str).is_none() {
+                return Err("a function_call_output needs `call_id`".into());
+            }
+            match o.get("output") {
+                Some(Value::String(_) | Value::Array(_)) => Ok(()),
+                _ => Err("a function_call_output's `output` must be a string or an array of parts".into()),
+            }
+        }
+        // Reasoning carries nothing a chat backend can take back; it is dropped.
+        Some("reasoning") => Ok(()),
+        Some(k) => Err(format!("input item type {k:?} is not supported")),
+    }
+}
+
+/// The text of a content value: a string, or the text parts of an array joined.
+pub fn content_text(v: &Value) -> String {
+    match v {
+        Value::String(s) => s.clone(),
+        Value::Array(parts) => parts
+            .iter()
+            .filter_map(|p| {
+                p.get("text").and_then(Value::as_str).or_else(|| p.get("refusal").and_then(Value::as_str))
+            })
+            .collect::<Vec<_>>()
+            .join(""),
+        _ => String::new(),
+    }
+}
+
+/// A message's content for chat: a string where it is only text, else chat content parts.
+fn chat_content(v: &Value) -> Value {
+    let Value::Array(parts) = v else { return Value::String(content_text(v)) };
+    let image = |p: &Value| p.get("type").and_then(Value::as_str) == Some("input_image");
+    if !parts.iter().any(image) {
+        return Value::String(content_text(v));
+    }
+    let out = parts
+        .iter()
+        .filter_map(|p| {
+            if image(p) {
+                let url = p.get("image_url").and_then(Value::as_str)?;
+                let mut img = json!({"url": url});
+                if let Some(d) = p.get("detail") {
+                    img["detail"] = d.clone();
+                }
+                Some(json!({"type": "image_url", "image_url": img}))
+            } else {
+                p.get("text").and_then(Value::as_str).map(|t| json!({"type": "text", "text": t}))
+            }
+        })
+        .collect();
+    Value::Array(out)
+}
+
+/// One item into chat messages: consecutive function calls join the assistant message before
+/// them, as a chat model emits them.
+fn push_item(messages: &mut Vec<Value>, item: &Value) -> Result<(), ApiError> {
+    let kind = item.get("type").and_then(Value::as_str).unwrap_or("message");
+    match kind {
+        "message" => {
+            let role = match item.get("role").and_then(Value::as_str).unwrap_or("user") {
+                // Chat templates know `system`; `developer` is its newer name.
+                "developer" => "system",
+                r => r,
+            };
+            let content = chat_content(item.get("content").unwrap_or(&Value::Null));
+            messages.push(json!({"role": role, "content": content}));
+        }
+        "function_call" => {
+            let s = |k: &str| item.get(k).and_then(Value::as_str).unwrap_or("").to_owned();
+            let call = json!({"id": s("call_id"), "type": "function",
+                              "function": {"name": s("name"), "arguments": s("arguments")}});
+            match messages.last_mut() {
+                Some(m) if m.get("role").and_then(Value::as_str) == Some("assistant") => {
+                    let obj = m.as_object_mut().expect("a message is an object");
+                    match obj.get_mut("tool_calls") {
+                        Some(Value::Array(calls)) => calls.push(call),
+                        _ => {
+                            obj.insert("tool_calls".into(), json!([call]));
+                        }
+                    }
+                }
+                _ => messages.push(json!({"role": "assistant", "content": null, "tool_calls": [call]})),
+            }
+        }
+        "function_call_output" => {
+            let id = item.get("call_id").and_then(Value::as_str).unwrap_or("");
+            let text = content_text(item.get("output").unwrap_or(&Value::Null));
+            messages.push(json!({"role": "tool", "tool_call_id": id, "content": text}));
+        }
+        "reasoning" => {}
+        k => return Err(bad(format!("input item type {k:?} is not supported"), "input")),
+    }
+    Ok(())
+}
+
+/// `{"type":"function","name",...}` → `{"type":"function","function":{"name",...}}`.
+fn chat_tool(t: &Value) -> Value {
+    let mut f = Map::new();
+    for k in ["name", "description", "parameters", "strict"] {
+        if let Some(v) = t.get(k).filter(|v| !v.is_null()) {
+            f.insert(k.into(), v.clone());
+        }
+    }
+    json!({"type": "function", "function": f})
+}
+
+fn chat_tool_choice(c: &Value) -> Value {
+    match c.get("type").and_then(Value::as_str) {
+        Some("function") => {
+            json!({"type": "function", "function": {"name": c.get("name").cloned().unwrap_or(Value::Null)}})
+        }
+        _ => c.clone(),
+    }
+}
+
+/// `text.format` → chat's `response_format`; plain text needs none.
+fn response_format(f: &Value) -> Option<Value> {
+    match f.get("type").and_then(Value::as_str)? {
+        "json_object" => Some(json!({"type": "json_object"})),
+        "json_schema" => {
+            let mut s = Map::new();
+            for k in ["name", "schema", "description", "strict"] {
+                if let Some(v) = f.get(k).filter(|v| !v.is_null()) {
+                    s.insert(k.into(), v.clone());
+                }
+            }
+            Some(json!({"type": "json_schema", "json_schema": s}))
+        }
+        _ => None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn req(v: Value) -> Result<ResponsesRequest, ApiError> {
+        ResponsesRequest::from_json(v.as_object().expect("object"), false)
+    }
+
+    #[test]
+    fn a_string_input_is_one_user_message_and_defaults_are_openais() {
+        let r = req(json!({"model": "m", "input": "hi"})).expect("parse");
+        assert_eq!(r.input, vec![json!({"type": "message", "role": "user", "content": "hi"})]);
+        assert!(r.store && r.generate && !r.stream);
+        let chat = r.to_chat(&[]).expect("chat");
+        assert_eq!(chat["messages"], json!([{"role": "user", "content": "hi"}]));
+        assert_eq!(chat["stream"], true);
+        assert_eq!(chat["stream_options"]["include_usage"], true);
+    }
+
+    #[test]
+    fn items_become_chat_messages_with_tool_calls_joined() {
+        let r = req(json!({
+            "model": "m",
+            "instructions": "be brief",
+            "input": [
+                {"role": "developer", "content": "house rules"},
+                {"type": "message", "role": "user", "content": [{"type": "input_text", "text": "weather "}, {"type": "input_text", "text": "in Oslo?"}]},
+                {"type": "message", "role": "assistant", "content": [{"type": "output_text", "text": "Checking."}]},
+                {"type": "function_call", "call_id": "c1", "name": "get_weather", "arguments": "{\"city\":\"Oslo\"}"},
+                {"type": "function_call", "call_id": "c2", "name": "get_time", "arguments": "{}"},
+                {"type": "function_call_output", "call_id": "c1", "output": "sunny"},
+                {"type": "function_call_output", "call_id": "c2", "output": [{"type": "input_text", "text": "noon"}]},
+                {"type": "reasoning", "summary": []}
+            ],
+            "tools": [{"type": "function", "name": "get_weather", "description": "d", "parameters": {"type": "object"}, "strict": null},
+                      {"type": "tool_search"}],
+            "tool_choice": {"type": "function", "name": "get_weather"},
+            "max_output_tokens": 50,
+            "text": {"format": {"type": "json_schema", "name": "w", "schema": {"type": "object"}}}
+        }))
+        .expect("parse");
+        let chat = r.to_chat(&[]).expect("chat");
+        assert_eq!(
+            chat["messages"],
+            json!([
+                {"role": "system", "content": "be brief"},
+                {"role": "system", "content": "house rules"},
+                {"role": "user", "content": "weather in Oslo?"},
+                {"role": "assistant", "content": "Checking.", "tool_calls": [
+                    {"id": "c1", "type": "function", "function": {"name": "get_weather", "arguments": "{\"city\":\"Oslo\"}"}},
+                    {"id": "c2", "type": "function", "function": {"name": "get_time", "arguments": "{}"}}]},
+                {"role": "tool", "tool_call_id": "c1", "content": "sunny"},
+                {"role": "tool", "tool_call_id": "c2", "content": "noon"}
+            ])
+        );
+        assert_eq!(
+            chat["tools"],
+            json!([{"type": "function", "function": {"name": "get_weather", "description": "d", "parameters": {"type": "object"}}}])
+        );
+        assert_eq!(chat["tool_choice"], json!({"type": "function", "function": {"name": "get_weather"}}));
+        assert_eq!(chat["max_tokens"], 50);
+        assert_eq!(chat["response_format"]["json_schema"]["name"], "w");
+    }
+
+    #[test]
+    fn history_comes_before_the_new_input_and_instructions_first() {
+        let r = req(json!({"model": "m", "input": "next", "instructions": "sys"})).expect("parse");
+        let history = [
+            json!({"role": "user", "content": "first"}),
+            json!({"type": "message", "role": "assistant", "content": [{"type": "output_text", "text": "ok"}]}),
+        ];
+        let m = r.to_chat(&history).expect("chat")["messages"].clone();
+        let roles: Vec<&str> = m.as_array().expect("a").iter().filter_map(|m| m["role"].as_str()).collect();
+        assert_eq!(roles, ["system", "user", "assistant", "user"]);
+    }
+
+    #[test]
+    fn bad_requests_name_the_field() {
+        let cases = [
+            (json!({"input": "x"}), "model"),
+            (json!({"model": "m", "input": 3}), "input"),
+            (json!({"model": "m", "input": [{"role": "wizard", "content": "x"}]}), "input[0]"),
+            (json!({"model": "m", "input": [{"type": "function_call", "name": "f"}]}), "input[0]"),
+            (json!({"model": "m", "input": [{"type": "item_reference", "id": "x"}]}), "input[0]"),
+            (json!({"model": "m", "tools": [{"type": "web_search"}]}), "tools[0].type"),
+            (json!({"model": "m", "max_output_tokens": -1}), "max_output_tokens"),
+            (json!({"model": "m", "store": "yes"}), "store"),
+        ];
+        for (body, param) in cases {
+            let e = req(body.clone()).expect_err("rejected");
+            assert_eq!((e.status, e.body.error.param.as_deref()), (400, Some(param)), "{body}: {e}");
+        }
+        let e =
+            ResponsesRequest::from_json(json!({"model": "m", "stream": true}).as_object().expect("o"), true)
+                .expect_err("stream is not an event field");
+        assert_eq!(e.body.error.param.as_deref(), Some("stream"));
+    }
+}

@@ -1,0 +1,173 @@
+//! The translator: a [`Downstream`] that takes what the forwarding code relays of a backend's
+//! chat answer (header, then body chunks) and hands Responses events to an [`EventSink`]: an
+//! HTTP client (SSE events, or the final response object) or a WebSocket connection.
+
+use async_trait::async_trait;
+use bytes::{Bytes, BytesMut};
+use pingora::http::ResponseHeader;
+use serde_json::Value;
+
+use super::events::{Builder, Outcome};
+use crate::http::downstream::Downstream;
+use crate::tools::search::SseSplitter;
+
+/// Largest whole (non-streamed) chat answer or error body read.
+const MAX_WHOLE: usize = 64 << 20;
+
+/// warmpath's own response headers (`x-warmpath-*`), carried to the client where it has
+/// headers.
+pub type Shown = Vec<(String, String)>;
+
+/// Where a translated response goes.
+#[async_trait]
+pub trait EventSink: Send {
+    /// The response begins (the backend said 200).
+    async fn begin(&mut self, shown: &Shown) -> pingora::Result<()>;
+    /// Events in order; `last` with the terminal one.
+    async fn events(&mut self, events: Vec<Value>, last: bool) -> pingora::Result<()>;
+    /// The request failed before a response began: an HTTP status and an OpenAI error body.
+    async fn error(&mut self, status: u16, body: Bytes, shown: &Shown) -> pingora::Result<()>;
+    /// Resolves when the client stopped waiting for this response; cancel-safe.
+    async fn gone(&mut self);
+}
+
+enum State {
+    Waiting,
+    Stream(SseSplitter),
+    Whole(BytesMut),
+    Error(u16, BytesMut),
+    Done,
+}
+
+pub struct Translator<'s> {
+    sink: &'s mut dyn EventSink,
+    pub builder: Builder,
+    state: State,
+    shown: Shown,
+    saw_done: bool,
+    failure: Option<(String, String)>,
+}
+
+impl<'s> Translator<'s> {
+    pub fn new(sink: &'s mut dyn EventSink, builder: Builder) -> Translator<'s> {
+        Translator { sink, builder, state: State::Waiting, shown: Vec::new(), saw_done: false, failure: None }
+    }
+
+    /// How the response ended; `None` when it never began (an error answer, or the client left).
+    pub fn outcome(&self) -> Option<&Outcome> {
+        self.builder.outcome()
+    }
+
+    async fn finish(&mut self) -> pingora::Result<()> {
+        match std::mem::replace(&mut self.state, State::Done) {
+            State::Stream(_) => {
+                if !self.saw_done && self.failure.is_none() {
+                    let why = "the backend's stream ended before it was complete";
+                    self.failure = Some(("upstream_stream_error".into(), why.into()));
+                }
+                let mut out = Vec::new();
+                self.builder.finish(self.failure.take(), &mut out);
+                self.sink.events(out, true).await
+            }
+            State::Whole(buf) => {
+                let mut out = Vec::new();
+                match serde_json::from_slice::<Value>(&buf) {
+                    Ok(v) if v.get("choices").is_some() => {
+                        self.builder.chunk(&v, &mut out);
+                        self.builder.finish(None, &mut out);
+                    }
+                    _ => {
+                        let why = "the backend's answer is not a chat completion";
+                        self.builder.finish(Some(("upstream_error".into(), why.into())), &mut out);
+                    }
+                }
+                self.sink.events(out, true).await
+            }
+            State::Error(status, buf) => self.sink.error(status, buf.freeze(), &self.shown).await,
+            State::Waiting | State::Done => Ok(()),
+        }
+    }
+}
+
+/// An error event inside a chat stream (`{"error": {...}}`, as warmpath ends a broken stream).
+fn stream_error(v: &Value) -> Option<(String, String)> {
+    let e = v.get("error")?;
+    let code = e.get("code").and_then(Value::as_str).unwrap_or("upstream_error").to_owned();
+    let message = e.get("message").and_then(Value::as_str).unwrap_or("the backend failed").to_owned();
+    Some((code, message))
+}
+
+#[async_trait]
+impl Downstream for Translator<'_> {
+    async fn write_response_header(&mut self, header: Box<ResponseHeader>, end: bool) -> pingora::Result<()> {
+        self.shown = header
+            .headers
+            .iter()
+            .filter(|(n, _)| n.as_str().starts_with("x-warmpath-"))
+            .filter_map(|(n, v)| Some((n.as_str().to_owned(), v.to_str().ok()?.to_owned())))
+            .collect();
+        let status = header.status.as_u16();
+        let sse = header
+            .headers
+            .get(http::header::CONTENT_TYPE)
+            .is_some_and(|v| v.as_bytes().starts_with(b"text/event-stream"));
+        self.state = match (status, sse) {
+            (200, true) => State::Stream(SseSplitter::default()),
+            (200, false) => State::Whole(BytesMut::new()),
+            _ => State::Error(status, BytesMut::new()),
+        };
+        if status == 200 {
+            self.sink.begin(&self.shown).await?;
+            let start = self.builder.start();
+            self.sink.events(start, false).await?;
+        }
+        if end {
+            self.finish().await?;
+        }
+        Ok(())
+    }
+
+    async fn write_response_body(&mut self, body: Option<Bytes>, end: bool) -> pingora::Result<()> {
+        if let Some(b) = body {
+            match &mut self.state {
+                State::Stream(split) => {
+                    let mut out = Vec::new();
+                    for data in split.push(&b) {
+                        if data.trim() == "[DONE]" {
+                            self.saw_done = true;
+                            continue;
+                        }
+                        let Ok(v) = serde_json::from_str::<Value>(&data) else { continue };
+                        match stream_error(&v) {
+                            Some(f) => self.failure = Some(f),
+                            None => self.builder.chunk(&v, &mut out),
+                        }
+                    }
+                    if !out.is_empty() {
+                        self.sink.events(out, false).await?;
+                    }
+                }
+                State::Whole(buf) | State::Error(_, buf) => {
+                    if buf.len() + b.len() > MAX_WHOLE {
+                        return pingora::Error::e_explain(
+                            pingora::ErrorType::InternalError,
+                            "answer too large to translate",
+                        );
+                    }
+                    buf.extend_from_slice(&b);
+                }
+                State::Waiting | State::Done => {}
+            }
+        }
+        if end {
+            self.finish().await?;
+        }
+        Ok(())
+    }
+
+    async fn gone(&mut self) {
+        self.sink.gone().await
+    }
+
+    fn close_after(&mut self) {}
+}

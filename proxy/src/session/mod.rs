@@ -1,0 +1,212 @@
+//! The conversation store: what `previous_response_id` continues. Each stored response holds
+//! the conversation up to and including its output (Responses items; instructions are per turn
+//! and not kept), the model, the caller it belongs to, and the conversation's routing key.
+//!
+//! In memory (`[session] store = "memory"`, the default) a response keeps its own items and
+//! points at its predecessor, so a chain of turns shares its prefix; the cache is bounded by
+//! bytes, each entry weighing its whole conversation (the bound holds however chains share),
+//! and entries live `ttl_s`. In Redis (`store = "redis"`) each response is one key with the
+//! whole conversation, so a client may continue on any warmpath replica sharing the server.
+//!
+//! Responses belong to the API key that made them (the `Authorization` header, hashed): a
+//! lookup with another key finds nothing, exactly as an unknown id.
+
+pub mod redis;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use serde_json::{json, Value};
+use xxhash_rust::xxh3::xxh3_64_with_seed;
+
+use crate::config::{ConversationConfig, StoreKind};
+
+/// Seed of the caller hash (any fixed value: it only partitions ids).
+const TENANT_SEED: u64 = 0x7761_726d_7061_7468;
+
+/// The caller a response belongs to: a hash of its `Authorization` header (0 without one).
+pub fn tenant(authorization: Option<&[u8]>) -> u64 {
+    authorization.map_or(0, |a| xxh3_64_with_seed(a, TENANT_SEED))
+}
+
+/// One stored response: its turn's items, after its predecessor's.
+#[derive(Debug)]
+pub struct Conversation {
+    pub id: String,
+    pub tenant: u64,
+    pub model: String,
+    /// The first response of the conversation: its routing session key.
+    pub root: String,
+    pub parent: Option<Arc<Conversation>>,
+    /// This turn's input items, then its output items.
+    pub items: Vec<Value>,
+    /// Bytes of the whole conversation (serialized items).
+    pub bytes: usize,
+    /// Items of the whole conversation.
+    pub len: usize,
+}
+
+impl Conversation {
+    /// The next turn of `parent` (or a new conversation).
+    pub fn new(
+        id: String,
+        tenant: u64,
+        model: String,
+        parent: Option<Arc<Conversation>>,
+        items: Vec<Value>,
+    ) -> Conversation {
+        let own: usize = items.iter().map(|i| i.to_string().len() + 1).sum();
+        let root = parent.as_ref().map_or_else(|| id.clone(), |p| p.root.clone());
+        let (bytes, len) = parent.as_ref().map_or((0, 0), |p| (p.bytes, p.len));
+        Conversation { id, tenant, model, root, parent, bytes: bytes + own, len: len + items.len(), items }
+    }
+
+    /// Every item of the conversation, oldest first.
+    pub fn all_items(&self) -> Vec<&Value> {
+        let mut chain = Vec::new();
+        let mut at = Some(self);
+        while let Some(c) = at {
+            chain.push(c);
+            at = c.parent.as_deref();
+        }
+        chain.iter().rev().flat_map(|c| c.items.iter()).collect()
+    }
+
+    /// The whole conversation as one JSON document (the Redis form).
+    fn to_json(&self) -> Vec<u8> {
+        json!({"tenant": self.tenant.to_string(), "model": self.model, "root": self.root,
+               "items": self.all_items()})
+        .to_string()
+        .into_bytes()
+    }
+
+    fn from_json(id: &str, b: &[u8]) -> Option<Conversation> {
+        let v: Value = serde_json::from_slice(b).ok()?;
+        let tenant = v.get("tenant")?.as_str()?.parse().ok()?;
+        let items = v.get("items")?.as_array()?.clone();
+        let mut c =
+            Conversation::new(id.to_owned(), tenant, v.get("model")?.as_str()?.to_owned(), None, items);
+        c.root = v.get("root")?.as_str()?.to_owned();
+        Some(c)
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    #[error(transparent)]
+    Redis(#[from] redis::RedisError),
+}
+
+pub enum Store {
+    Memory(moka::sync::Cache<String, Arc<Conversation>>),
+    Redis { client: redis::Redis, ttl: Duration },
+}
+
+impl Store {
+    pub fn new(cfg: &ConversationConfig) -> Result<Store, String> {
+        let ttl = Duration::from_secs(cfg.ttl_s);
+        match cfg.store {
+            StoreKind::Memory => Ok(Store::Memory(
+                moka::sync::Cache::builder()
+                    .max_capacity(cfg.max_mib << 20)
+                    .weigher(|_: &String, c: &Arc<Conversation>| {
+                        u32::try_from(c.bytes + 256).unwrap_or(u32::MAX)
+                    })
+                    .time_to_live(ttl)
+                    .build(),
+            )),
+            StoreKind::Redis => {
+                let url = cfg.redis_url.as_deref().ok_or("store = \"redis\" needs redis_url")?;
+                let url = redis::RedisUrl::parse(url)?;
+                let timeout = Duration::from_millis(cfg.redis_timeout_ms);
+                Ok(Store::Redis { client: redis::Redis::new(url, timeout), ttl })
+            }
+        }
+    }
+
+    pub fn kind(&self) -> &'static str {
+        match self {
+            Store::Memory(_) => "memory",
+            Store::Redis { .. } => "redis",
+        }
+    }
+
+    fn key(id: &str) -> String {
+        format!("warmpath:response:{id}")
+    }
+
+    /// The stored response `id` if `tenant` made it.
+    pub async fn get(&self, tenant: u64, id: &str) -> Result<Option<Arc<Conversation>>, StoreError> {
+        let found = match self {
+            Store::Memory(c) => c.get(id),
+            Store::Redis { client, .. } => {
+                client.get(&Self::key(id)).await?.and_then(|b| Conversation::from_json(id, &b)).map(Arc::new)
+            }
+        };
+        Ok(found.filter(|c| c.tenant == tenant))
+    }
+
+    pub async fn put(&self, c: Arc<Conversation>) -> Result<(), StoreError> {
+        match self {
+            Store::Memory(m) => m.insert(c.id.clone(), c),
+            Store::Redis { client, ttl } => client.set(&Self::key(&c.id), &c.to_json(), *ttl).await?,
+        }
+        Ok(())
+    }
+
+    /// Bytes and entries held (memory store, as of its last maintenance; 0 for Redis, whose
+    /// server holds them).
+    pub fn usage(&self) -> (u64, u64) {
+        match self {
+            Store::Memory(m) => (m.weighted_size(), m.entry_count()),
+            Store::Redis { .. } => (0, 0),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn item(text: &str) -> Value {
+        json!({"role": "user", "content": text})
+    }
+
+    #[test]
+    fn a_chain_shares_its_prefix_and_reads_back_in_order() {
+        let a = Arc::new(Conversation::new("r1".into(), 7, "m".into(), None, vec![item("a"), item("b")]));
+        let b = Arc::new(Conversation::new("r2".into(), 7, "m".into(), Some(a.clone()), vec![item("c")]));
+        assert_eq!(b.all_items(), vec![&item("a"), &item("b"), &item("c")]);
+        assert_eq!((b.root.as_str(), b.len), ("r1", 3));
+        assert!(b.bytes > a.bytes);
+        let back = Conversation::from_json("r2", &b.to_json()).expect("parse");
+        assert_eq!((back.tenant, back.root.as_str(), back.all_items()), (7, "r1", b.all_items()));
+    }
+
+    #[tokio::test]
+    async fn another_tenant_finds_nothing_and_memory_is_bounded() {
+        let cfg = ConversationConfig { max_mib: 1, ..ConversationConfig::default() };
+        let s = Store::new(&cfg).expect("store");
+        let c = Arc::new(Conversation::new(
+            "r1".into(),
+            tenant(Some(b"Bearer a")),
+            "m".into(),
+            None,
+            vec![item("x")],
+        ));
+        s.put(c).await.expect("put");
+        assert!(s.get(tenant(Some(b"Bearer a")), "r1").await.expect("get").is_some());
+        assert!(s.get(tenant(Some(b"Bearer b")), "r1").await.expect("get").is_none());
+        assert!(s.get(tenant(None), "r1").await.expect("get").is_none());
+        let big = "y".repeat(64 << 10);
+        for i in 0..64 {
+            let c = Conversation::new(format!("big{i}"), 0, "m".into(), None, vec![item(&big)]);
+            s.put(Arc::new(c)).await.expect("put");
+        }
+        if let Store::Memory(m) = &s {
+            m.run_pending_tasks();
+        }
+        let (bytes, entries) = s.usage();
+        assert!(bytes <= 1 << 20 && entries < 64, "{bytes} bytes in {entries} entries");
+    }
+}

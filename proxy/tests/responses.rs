@@ -1,0 +1,209 @@
+//! The Responses API served by warmpath over engines that speak only Chat Completions: turns
+//! chained by `previous_response_id` from warmpath's conversation store, function calls as
+//! output items, the streaming event sequence, and the errors a client can cause.
+
+mod common;
+
+use common::*;
+use serde_json::{json, Value};
+
+fn script(dir: &TempDir) -> String {
+    let path = dir.path().join("script.json");
+    let rules = json!([
+        {"when": "", "reply": "<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Oslo\"}}\n</tool_call>"},
+        {"when": "sunny in Oslo", "reply": "It will be sunny."},
+    ]);
+    std::fs::write(&path, rules.to_string()).expect("script");
+    path.display().to_string()
+}
+
+fn tools() -> Value {
+    json!([{"type": "function", "name": "get_weather", "description": "The weather forecast for a city.",
+            "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}])
+}
+
+fn post_with_key(proxy: &Proxy, key: &str, body: &Value) -> Resp {
+    let auth = format!("Bearer {key}");
+    let bytes = body.to_string();
+    request(
+        proxy.addr,
+        "POST",
+        "/v1/responses",
+        &[("content-type", "application/json"), ("authorization", &auth)],
+        bytes.as_bytes(),
+    )
+}
+
+#[test]
+fn a_tool_calling_conversation_continues_from_the_store() {
+    let dir = TempDir::new();
+    let e = Engine::sim("m", &["--script", &script(&dir)]);
+    let proxy = Proxy::start(&policy("", "", &["m"], &[("e0", e.url())]));
+    let first = json!({"model": "m", "instructions": "You are a weather agent.",
+                       "input": "What will the weather be in Oslo tomorrow?", "tools": tools(), "max_output_tokens": 64});
+    let r = post_with_key(&proxy, "k1", &first);
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert_eq!(r.header("x-warmpath-backend"), Some("e0"));
+    let v = r.json();
+    assert_eq!((v["object"].as_str(), v["status"].as_str()), (Some("response"), Some("completed")), "{v}");
+    let id = v["id"].as_str().expect("id").to_owned();
+    assert!(id.starts_with("resp_"), "{id}");
+    let call = &v["output"][0];
+    assert_eq!(
+        (call["type"].as_str(), call["name"].as_str()),
+        (Some("function_call"), Some("get_weather")),
+        "{v}"
+    );
+    assert_eq!(
+        serde_json::from_str::<Value>(call["arguments"].as_str().expect("args")).expect("json"),
+        json!({"city": "Oslo"})
+    );
+    let first_input = v["usage"]["input_tokens"].as_u64().expect("usage");
+
+    // The next turn sends only the tool's result: the conversation comes from the store.
+    let next = json!({"model": "m", "instructions": "You are a weather agent.", "previous_response_id": id,
+                      "tools": tools(), "max_output_tokens": 64,
+                      "input": [{"type": "function_call_output", "call_id": call["call_id"], "output": "sunny in Oslo, 21 C"}]});
+    let v2 = post_with_key(&proxy, "k1", &next).json();
+    assert_eq!(v2["output"][0]["type"], "message", "{v2}");
+    assert_eq!(v2["output"][0]["content"][0]["text"], "It will be sunny.", "{v2}");
+    assert_eq!(v2["previous_response_id"], json!(id));
+    // The engine saw the whole conversation, its first turn served from its prefix cache.
+    let input = v2["usage"]["input_tokens"].as_u64().expect("usage");
+    let cached = v2["usage"]["input_tokens_details"]["cached_tokens"].as_u64().expect("cached");
+    assert!(input > first_input && cached >= first_input / 2, "{first_input} then {input} ({cached} cached)");
+
+    // Another API key cannot continue it, and an unknown id is the same error.
+    for (key, prev) in [("k2", id.as_str()), ("k1", "resp_nope")] {
+        let mut body = next.clone();
+        body["previous_response_id"] = json!(prev);
+        let r = post_with_key(&proxy, key, &body);
+        assert_eq!(r.status, 404, "{key} {prev}: {}", r.text());
+        let err = r.json()["error"].clone();
+        assert_eq!(
+            (err["code"].as_str(), err["param"].as_str()),
+            (Some("previous_response_not_found"), Some("previous_response_id"))
+        );
+    }
+    let m = proxy.metrics();
+    assert_eq!(
+        metric(&m, "warmpath_responses_turns_total{outcome=\"completed\",transport=\"http\"}"),
+        Some(2.0),
+        "{m}"
+    );
+    assert_eq!(
+        metric(&m, "warmpath_rejections_total{reason=\"previous_response_not_found\"}"),
+        Some(2.0),
+        "{m}"
+    );
+}
+
+#[test]
+fn a_streamed_response_is_the_responses_event_sequence() {
+    let e = Engine::sim("m", &[]);
+    let proxy = Proxy::start(&policy("", "", &["m"], &[("e0", e.url())]));
+    let r = post_json(
+        proxy.addr,
+        "/v1/responses",
+        &json!({"model": "m", "input": "hello", "stream": true, "max_output_tokens": 6}),
+    );
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert!(r.header("content-type").is_some_and(|c| c.starts_with("text/event-stream")));
+    let text = r.text();
+    let mut kinds = Vec::new();
+    let mut datas = Vec::new();
+    for block in text.split("\n\n").filter(|b| !b.trim().is_empty()) {
+        let ev = block.lines().find_map(|l| l.strip_prefix("event: ")).expect("event line");
+        let data: Value =
+            serde_json::from_str(block.lines().find_map(|l| l.strip_prefix("data: ")).expect("data"))
+                .expect("json");
+        assert_eq!(data["type"], ev, "the event name is the data's type");
+        kinds.push(ev.to_owned());
+        datas.push(data);
+    }
+    let deltas = kinds.iter().filter(|k| *k == "response.output_text.delta").count();
+    let mut want = vec![
+        "response.created",
+        "response.in_progress",
+        "response.output_item.added",
+        "response.content_part.added",
+    ];
+    want.extend(std::iter::repeat_n("response.output_text.delta", deltas));
+    want.extend([
+        "response.output_text.done",
+        "response.content_part.done",
+        "response.output_item.done",
+        "response.incomplete",
+    ]);
+    assert_eq!(kinds, want, "{text}");
+    assert!(deltas >= 1);
+    for (i, d) in datas.iter().enumerate() {
+        assert_eq!(d["sequence_number"], i as u64);
+    }
+    let last = &datas.last().expect("last")["response"];
+    assert_eq!(last["incomplete_details"]["reason"], "max_output_tokens", "6 tokens, stopped by the limit");
+    assert_eq!(last["usage"]["output_tokens"], 6);
+    let joined: String = datas.iter().filter_map(|d| d["delta"].as_str()).collect();
+    assert_eq!(last["output"][0]["content"][0]["text"], joined.as_str());
+}
+
+#[test]
+fn unstored_responses_cannot_be_continued_and_bad_input_is_a_400() {
+    let e = Engine::sim("m", &[]);
+    let proxy = Proxy::start(&policy("", "", &["m"], &[("e0", e.url())]));
+    let v = post_json(
+        proxy.addr,
+        "/v1/responses",
+        &json!({"model": "m", "input": "hi", "store": false, "max_output_tokens": 2}),
+    )
+    .json();
+    assert_eq!(v["store"], false);
+    let r = post_json(
+        proxy.addr,
+        "/v1/responses",
+        &json!({"model": "m", "input": "more", "previous_response_id": v["id"]}),
+    );
+    assert_eq!(r.status, 404, "{}", r.text());
+    for (body, param) in [
+        (json!({"model": "m", "input": [{"type": "function_call", "name": "f"}]}), "input[0]"),
+        (json!({"model": "m", "input": "x", "tools": [{"type": "web_search"}]}), "tools[0].type"),
+        (json!({"input": "x"}), "model"),
+    ] {
+        let r = post_json(proxy.addr, "/v1/responses", &body);
+        assert_eq!(
+            (r.status, r.json()["error"]["param"].as_str().map(str::to_owned)),
+            (400, Some(param.to_owned())),
+            "{body}"
+        );
+    }
+    let r = request(proxy.addr, "POST", "/v1/responses", &[], b"{not json");
+    assert_eq!(r.status, 400);
+    let r = post_json(proxy.addr, "/v1/responses", &json!({"model": "nope", "input": "x"}));
+    assert_eq!(
+        (r.status, r.json()["error"]["code"].as_str().map(str::to_owned)),
+        (404, Some("model_not_found".to_owned()))
+    );
+}
+
+#[test]
+fn a_stream_the_backend_cuts_ends_with_response_failed() {
+    let dying = Engine::sim("m", &["--fault-die-after-tokens", "2"]);
+    let proxy = Proxy::start(&policy("[health]\nenabled = false\n", "", &["m"], &[("d", dying.url())]));
+    let r = post_json(
+        proxy.addr,
+        "/v1/responses",
+        &json!({"model": "m", "input": "hello", "stream": true, "max_output_tokens": 16}),
+    );
+    assert_eq!(r.status, 200);
+    let text = r.text();
+    let last = text.split("\n\n").filter(|b| !b.trim().is_empty()).last().expect("an event");
+    assert!(last.starts_with("event: response.failed"), "{text}");
+    assert!(last.contains("upstream_stream_error"), "{last}");
+    // Not streamed, the same failure is a 502 error.
+    let r = post_json(
+        proxy.addr,
+        "/v1/responses",
+        &json!({"model": "m", "input": "hello", "max_output_tokens": 16}),
+    );
+    assert_eq!(r.status, 502, "{}", r.text());
+}
