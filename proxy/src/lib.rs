@@ -5,8 +5,8 @@
 //! pool → policy → backend, health, retries) → the backend → [`http::relay`] back to the
 //! client, with [`observe`] counting along the way; [`cache`] answers repeated deterministic
 //! requests without a backend. [`config`] is the policy file,
-//! [`responses`] serves the Responses API over any chat backend, with conversations in
-//! [`session`], [`embedded`] starts bundled engine replicas, [`limits`] holds the connection-level limits
+//! [`responses`] serves the Responses API over any chat backend (over HTTP, and [`ws`] for
+//! WebSocket mode), with conversations in [`session`], [`embedded`] starts bundled engine replicas, [`limits`] holds the connection-level limits
 //! pingora lacks, and [`server`] assembles the process. See `docs/ARCHITECTURE.md`.
 
 pub mod cache;
@@ -22,3 +22,4 @@ pub mod route;
 pub mod server;
 pub mod session;
 pub mod tools;
+pub mod ws;

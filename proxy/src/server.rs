@@ -70,6 +70,7 @@ pub fn run(cfg: Config) -> anyhow::Result<()> {
         metrics: metrics.clone(),
         upstream: upstream.clone(),
         sessions: Arc::new(crate::session::Store::new(&cfg.session).map_err(anyhow::Error::msg)?),
+        ws: crate::ws::Connections::default(),
     });
     let proxy = pingora::proxy::http_proxy(&server.configuration, WarmpathProxy { state });
     let app = WithHeaderDeadline {

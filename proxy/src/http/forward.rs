@@ -130,7 +130,10 @@ impl Head {
             method: http::Method::POST,
             headers: self.template.headers.clone(),
         };
-        template.headers.retain(|(n, _)| n != header::CONTENT_TYPE && n != header::ACCEPT);
+        // Not the client's content type, nor its WebSocket handshake.
+        template.headers.retain(|(n, _)| {
+            n != header::CONTENT_TYPE && n != header::ACCEPT && !n.as_str().starts_with("sec-websocket-")
+        });
         template.headers.push((header::CONTENT_TYPE, http::HeaderValue::from_static("application/json")));
         Head {
             template,

@@ -36,6 +36,8 @@ pub struct AppState {
     pub upstream: Arc<Upstream>,
     /// Stored Responses conversations.
     pub sessions: Arc<crate::session::Store>,
+    /// Open WebSocket connections.
+    pub ws: crate::ws::Connections,
 }
 
 /// Per-request context (pingora's `CTX`).
@@ -56,20 +58,47 @@ pub struct RequestCtx {
     pub recording: Option<(Arc<crate::route::Pool>, crate::cache::Recording)>,
 }
 
+impl RequestCtx {
+    pub fn new() -> RequestCtx {
+        RequestCtx {
+            start: Instant::now(),
+            route: "other",
+            backend: None,
+            status: 0,
+            first_byte: None,
+            client_gone: false,
+            truncated: false,
+            recording: None,
+        }
+    }
+}
+
+impl Default for RequestCtx {
+    fn default() -> Self {
+        RequestCtx::new()
+    }
+}
+
 pub struct WarmpathProxy {
     pub state: Arc<AppState>,
 }
 
 enum Route {
     Llm(LlmRoute),
+    /// `GET /v1/responses` with `Upgrade: websocket`.
+    WebSocket,
     Models,
     MethodNotAllowed(&'static str),
     NotFound,
 }
 
-fn route_of(method: &http::Method, path: &str) -> Route {
+fn route_of(req: &pingora::http::RequestHeader) -> Route {
+    let (method, path) = (&req.method, req.uri.path());
     let post = method == http::Method::POST;
     match (LlmRoute::from_path(path), path) {
+        (Some(LlmRoute::Responses), _) if method == http::Method::GET && crate::ws::is_upgrade(req) => {
+            Route::WebSocket
+        }
         (Some(r), _) if post => Route::Llm(r),
         (Some(_), _) => Route::MethodNotAllowed("POST"),
         (None, "/v1/models") if method == http::Method::GET => Route::Models,
@@ -83,16 +112,7 @@ impl ProxyHttp for WarmpathProxy {
     type CTX = RequestCtx;
 
     fn new_ctx(&self) -> RequestCtx {
-        RequestCtx {
-            start: Instant::now(),
-            route: "other",
-            backend: None,
-            status: 0,
-            first_byte: None,
-            client_gone: false,
-            truncated: false,
-            recording: None,
-        }
+        RequestCtx::new()
     }
 
     async fn early_request_filter(&self, session: &mut Session, _ctx: &mut RequestCtx) -> Result<()> {
@@ -102,14 +122,17 @@ impl ProxyHttp for WarmpathProxy {
 
     async fn request_filter(&self, session: &mut Session, ctx: &mut RequestCtx) -> Result<bool> {
         let state = &self.state;
-        let route = route_of(&session.req_header().method, session.req_header().uri.path());
-        if !matches!(route, Route::Llm(_)) {
+        let route = route_of(session.req_header());
+        if !matches!(route, Route::Llm(_) | Route::WebSocket) {
             // Only LLM routes read the body; any other answer must not strand one.
             let deadline = std::time::Duration::from_millis(state.cfg.limits.body_read_timeout_ms);
             body::discard_small_body(session, deadline).await;
         }
         let req = session.req_header();
         match route {
+            Route::WebSocket => {
+                crate::ws::serve(state, session, ctx).await?;
+            }
             Route::Llm(LlmRoute::Responses) => {
                 ctx.route = LlmRoute::Responses.label();
                 crate::responses::serve_http(state, session, ctx).await?;

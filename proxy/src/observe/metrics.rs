@@ -107,6 +107,12 @@ pub struct Metrics {
     pub session_store_ops: IntCounterVec,
     /// Bytes and entries of the in-memory conversation store.
     pub session_store_bytes: IntGaugeVec,
+    /// Open WebSocket connections.
+    pub ws_connections: IntGaugeVec,
+    /// `code`: WebSocket connections closed, by close code.
+    pub ws_closed: IntCounterVec,
+    /// `direction` (`in`, `out`): WebSocket message payload bytes.
+    pub ws_bytes: IntCounterVec,
 }
 
 impl Metrics {
@@ -185,6 +191,21 @@ impl Metrics {
                 "warmpath_session_store_bytes",
                 "Bytes of conversations held by the in-memory store.",
                 &["store"],
+            ),
+                        ws_connections: gauge(
+                "warmpath_websocket_connections",
+                "Open Responses WebSocket connections.",
+                &["listener"],
+            ),
+            ws_closed: counter(
+                "warmpath_websocket_closed_total",
+                "Responses WebSocket connections closed, by close code.",
+                &["code"],
+            ),
+            ws_bytes: counter(
+                "warmpath_websocket_message_bytes_total",
+                "WebSocket message payload bytes, by direction.",
+                &["direction"],
             ),
             canon_edits: counter(
                 "warmpath_canon_edits_total",

@@ -64,7 +64,7 @@ fn opt_f64(o: &Map<String, Value>, k: &str) -> Result<Option<f64>, ApiError> {
 
 impl ResponsesRequest {
     /// Reads a request body; `event` is true for a WebSocket `response.create` (where `type`
-    /// is the event's and `stream` is not allowed: events always stream).
+    /// is the event's, and events always stream whatever `stream` says).
     pub fn from_json(o: &Map<String, Value>, event: bool) -> Result<ResponsesRequest, ApiError> {
         let model = opt_str(o, "model")?.ok_or_else(|| bad("`model` is required", "model"))?;
         let input = match o.get("input") {
@@ -78,9 +78,6 @@ impl ResponsesRequest {
             }
             Some(_) => return Err(bad("`input` must be a string or an array of items", "input")),
         };
-        if event && o.contains_key("stream") {
-            return Err(bad("`stream` is not a field of response.create: events always stream", "stream"));
-        }
         let tools = match o.get("tools") {
             None | Some(Value::Null) => Vec::new(),
             Some(Value::Array(t)) => {
@@ -131,7 +128,7 @@ impl ResponsesRequest {
             instructions: opt_str(o, "instructions")?,
             previous_response_id: opt_str(o, "previous_response_id")?,
             store: opt_bool(o, "store")?.unwrap_or(true),
-            stream: opt_bool(o, "stream")?.unwrap_or(event),
+            stream: event || opt_bool(o, "stream")?.unwrap_or(false),
             generate: opt_bool(o, "generate")?.unwrap_or(true),
             tools,
             tool_choice: o.get("tool_choice").filter(|v| !v.is_null()).cloned(),
@@ -446,9 +443,9 @@ mod tests {
             let e = req(body.clone()).expect_err("rejected");
             assert_eq!((e.status, e.body.error.param.as_deref()), (400, Some(param)), "{body}: {e}");
         }
-        let e =
-            ResponsesRequest::from_json(json!({"model": "m", "stream": true}).as_object().expect("o"), true)
-                .expect_err("stream is not an event field");
-        assert_eq!(e.body.error.param.as_deref(), Some("stream"));
+        let r =
+            ResponsesRequest::from_json(json!({"model": "m", "stream": false}).as_object().expect("o"), true)
+                .expect("an event may say stream");
+        assert!(r.stream, "events always stream");
     }
 }

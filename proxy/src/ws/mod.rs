@@ -1,0 +1,459 @@
+//! Responses WebSocket mode on `GET /v1/responses`: one persistent connection per client, each
+//! `response.create` event a turn of [`crate::responses`], its events sent back as text
+//! messages. The connection keeps its latest response, so a turn that continues it
+//! (`previous_response_id`) needs no store lookup, and the client sends only new items.
+//!
+//! One response is in flight per connection; later `response.create` events wait in order (up
+//! to `[websocket] max_queued`). The turn runs in its own task and hands its events over a
+//! bounded channel: a client that reads slowly slows the turn down (and the backend's stream
+//! with it) instead of growing a buffer. Bad events get an `error` event and the connection
+//! stays open; broken framing closes it with the code that says why (`frame::code`).
+
+pub mod frame;
+
+use std::collections::VecDeque;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use base64::Engine as _;
+use bytes::Bytes;
+use pingora::http::{RequestHeader, ResponseHeader};
+use pingora::proxy::Session;
+use serde_json::{json, Value};
+use tokio::sync::mpsc;
+use tokio::time::Instant;
+use warmpath_wire::openai::ApiError;
+
+use crate::config::ResponsesMode;
+use crate::http::forward::Head;
+use crate::http::respond::send_error;
+use crate::http::{AppState, RequestCtx};
+use crate::responses::request::ResponsesRequest;
+use crate::responses::{EventSink, Shown, Turn};
+use crate::session::{self, Conversation};
+use frame::{code, Assembler, Decoder, Message};
+
+/// RFC 6455 §1.3.
+const ACCEPT_GUID: &str = "258EAFA5-E914-47DA-95CA-C5AB0DC85B11";
+/// Event batches a turn may have waiting for the client.
+const CHANNEL: usize = 16;
+
+/// A `GET` asking to upgrade to WebSocket.
+pub fn is_upgrade(req: &RequestHeader) -> bool {
+    req.headers
+        .get(http::header::UPGRADE)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.eq_ignore_ascii_case("websocket"))
+}
+
+/// `Sec-WebSocket-Accept` for a client's key.
+pub fn accept_key(key: &str) -> String {
+    let mut h = sha1_smol::Sha1::new();
+    h.update(key.as_bytes());
+    h.update(ACCEPT_GUID.as_bytes());
+    base64::engine::general_purpose::STANDARD.encode(h.digest().bytes())
+}
+
+/// Open connections, against `[websocket] max_connections`.
+#[derive(Debug, Default)]
+pub struct Connections(AtomicUsize);
+
+struct Slot<'a>(&'a Connections, &'a AppState);
+
+impl Drop for Slot<'_> {
+    fn drop(&mut self) {
+        let n = self.0 .0.fetch_sub(1, Ordering::AcqRel) - 1;
+        self.1.metrics.ws_connections.with_label_values(&["api"]).set(n as i64);
+    }
+}
+
+fn handshake_error(req: &RequestHeader) -> Option<(ApiError, Option<(&'static str, String)>)> {
+    let header = |n: &str| req.headers.get(n).and_then(|v| v.to_str().ok());
+    if req.version != http::Version::HTTP_11 {
+        return Some((ApiError::invalid_request("WebSocket needs HTTP/1.1"), None));
+    }
+    let connection_upgrade =
+        header("connection").is_some_and(|c| c.split(',').any(|t| t.trim().eq_ignore_ascii_case("upgrade")));
+    if !connection_upgrade {
+        return Some((ApiError::invalid_request("`Connection: Upgrade` is missing"), None));
+    }
+    if header("sec-websocket-version") != Some("13") {
+        let mut e = ApiError::invalid_request("only WebSocket version 13 is spoken here");
+        e.status = 426;
+        return Some((e, Some(("sec-websocket-version", "13".to_owned()))));
+    }
+    let key_ok = header("sec-websocket-key")
+        .and_then(|k| base64::engine::general_purpose::STANDARD.decode(k.trim()).ok())
+        .is_some_and(|k| k.len() == 16);
+    if !key_ok {
+        return Some((ApiError::invalid_request("`Sec-WebSocket-Key` is missing or malformed"), None));
+    }
+    None
+}
+
+/// Serves one WebSocket connection, from the upgrade to the close.
+pub async fn serve(
+    state: &Arc<AppState>,
+    session: &mut Session,
+    ctx: &mut RequestCtx,
+) -> pingora::Result<()> {
+    ctx.route = "responses_ws";
+    // A refused upgrade ends the connection: the client meant to leave HTTP on it.
+    session.set_keepalive(None);
+    let cfg = &state.cfg.websocket;
+    if !cfg.enabled {
+        ctx.status = 404;
+        let e = ApiError::not_found("WebSocket mode is off ([websocket] enabled = false)");
+        return send_error(session, &e, &[]).await;
+    }
+    if let Some((e, extra)) = handshake_error(session.req_header()) {
+        ctx.status = e.status;
+        state.metrics.rejections.with_label_values(&["bad_upgrade"]).inc();
+        return send_error(session, &e, extra.as_slice()).await;
+    }
+    let open = state.ws.0.fetch_add(1, Ordering::AcqRel) + 1;
+    let slot = Slot(&state.ws, state);
+    if open > cfg.max_connections {
+        ctx.status = 503;
+        state.metrics.rejections.with_label_values(&["websocket_connections"]).inc();
+        let e = ApiError::unavailable(format!(
+            "{} WebSocket connections are open, the most allowed",
+            cfg.max_connections
+        ))
+        .with_code("websocket_connection_limit_reached");
+        return send_error(session, &e, &[]).await;
+    }
+    state.metrics.ws_connections.with_label_values(&["api"]).set(open as i64);
+    let key =
+        session.req_header().headers.get("sec-websocket-key").and_then(|v| v.to_str().ok()).unwrap_or("");
+    let mut h = ResponseHeader::build(101, Some(3))?;
+    h.insert_header(http::header::UPGRADE, "websocket")?;
+    h.insert_header(http::header::CONNECTION, "Upgrade")?;
+    h.insert_header("sec-websocket-accept", accept_key(key.trim()))?;
+    session.write_response_header(Box::new(h), false).await?;
+    ctx.status = 101;
+    let head = Head::of(session.req_header());
+    let tenant = session::tenant(head.authorization());
+    let mut conn = Conn {
+        state: state.clone(),
+        head: Arc::new(head),
+        tenant,
+        decoder: Decoder::new(cfg.max_message_kib as usize * 1024),
+        assembler: Assembler::new(cfg.max_message_kib as usize * 1024),
+        last: None,
+        queue: VecDeque::new(),
+        turn: None,
+    };
+    let close = conn.run(session).await;
+    if let Some(t) = conn.turn.take() {
+        // The client left mid-turn: dropping the task's backend connection cancels the
+        // generation.
+        t.task.abort();
+    }
+    state.metrics.ws_closed.with_label_values(&[&close.to_string()]).inc();
+    drop(slot);
+    Ok(())
+}
+
+/// What a turn's task hands the connection.
+enum Out {
+    Events(Vec<Value>),
+    /// The turn is over: the conversation after it, where it succeeded.
+    Done(Option<Arc<Conversation>>),
+}
+
+struct Running {
+    task: tokio::task::JoinHandle<()>,
+    rx: mpsc::Receiver<Out>,
+    /// The response it continues, dropped from the connection if the turn fails.
+    previous: Option<String>,
+}
+
+struct Conn {
+    state: Arc<AppState>,
+    head: Arc<Head>,
+    tenant: u64,
+    decoder: Decoder,
+    assembler: Assembler,
+    /// The connection's latest response: continued without a store lookup.
+    last: Option<Arc<Conversation>>,
+    queue: VecDeque<ResponsesRequest>,
+    turn: Option<Running>,
+}
+
+/// Why the loop ended: the close code sent (or 1006 when the peer vanished).
+type CloseCode = u16;
+
+impl Conn {
+    async fn run(&mut self, session: &mut Session) -> CloseCode {
+        let cfg = self.state.cfg.websocket.clone();
+        let ping_every = Duration::from_secs(cfg.ping_interval_s);
+        let mut ping = tokio::time::interval_at(Instant::now() + ping_every, ping_every);
+        let age_limit = Instant::now() + Duration::from_secs(cfg.max_age_s);
+        let idle = Duration::from_secs(cfg.idle_timeout_s);
+        let mut last_message = Instant::now();
+        let mut last_frame = Instant::now();
+        let mut aged = false;
+        loop {
+            let busy = self.turn.is_some() || !self.queue.is_empty();
+            tokio::select! {
+                r = session.read_request_body() => {
+                    let bytes = match r {
+                        Ok(Some(b)) => b,
+                        Ok(None) | Err(_) => return 1006,
+                    };
+                    self.decoder.push(&bytes);
+                    last_frame = Instant::now();
+                    loop {
+                        let msg = match self.decoder.next_frame().and_then(|f| match f {
+                            Some(f) => self.assembler.frame(f).map(Some),
+                            None => Ok(None),
+                        }) {
+                            Ok(Some(Some(m))) => m,
+                            Ok(Some(None)) => continue,
+                            Ok(None) => break,
+                            Err(v) => return close(session, v.code, v.reason).await,
+                        };
+                        match msg {
+                            Message::Text(t) => {
+                                last_message = Instant::now();
+                                self.state.metrics.ws_bytes.with_label_values(&["in"]).inc_by(t.len() as u64);
+                                if let Err(e) = self.on_text(&t) {
+                                    if send(session, &error_event(&e)).await.is_err() {
+                                        return 1006;
+                                    }
+                                }
+                            }
+                            Message::Binary(_) => {
+                                return close(session, code::UNSUPPORTED, "binary messages are not spoken here").await
+                            }
+                            Message::Ping(p) => {
+                                if session.write_response_body(Some(Bytes::from(frame::encode(frame::PONG, &p))), false).await.is_err() {
+                                    return 1006;
+                                }
+                            }
+                            Message::Pong(_) => {}
+                            Message::Close(c, _) => {
+                                // Echo the peer's code, as RFC 6455 §5.5.1 asks.
+                                return close(session, c.unwrap_or(code::NORMAL), "").await;
+                            }
+                        }
+                    }
+                }
+                out = recv(&mut self.turn) => {
+                    match out {
+                        Some(Out::Events(events)) => {
+                            for e in &events {
+                                match send(session, e).await {
+                                    Ok(n) => self.state.metrics.ws_bytes.with_label_values(&["out"]).inc_by(n as u64),
+                                    Err(_) => return 1006,
+                                }
+                            }
+                        }
+                        Some(Out::Done(c)) => self.finish_turn(c),
+                        None => self.finish_turn(None),
+                    }
+                    if aged && self.turn.is_none() {
+                        return self.age_out(session).await;
+                    }
+                }
+                _ = ping.tick() => {
+                    if last_frame.elapsed() > 2 * ping_every + Duration::from_secs(1) {
+                        return close(session, code::GOING_AWAY, "no pong").await;
+                    }
+                    let p = frame::encode(frame::PING, b"warmpath");
+                    if session.write_response_body(Some(Bytes::from(p)), false).await.is_err() {
+                        return 1006;
+                    }
+                }
+                _ = tokio::time::sleep_until(last_message + idle), if !busy => {
+                    return close(session, code::NORMAL, "idle timeout").await;
+                }
+                _ = tokio::time::sleep_until(age_limit), if !aged => {
+                    aged = true;
+                    self.queue.clear();
+                    if self.turn.is_none() {
+                        return self.age_out(session).await;
+                    }
+                }
+            }
+        }
+    }
+
+    async fn age_out(&self, session: &mut Session) -> CloseCode {
+        let mut e = ApiError::invalid_request(format!(
+            "the connection reached its {} s limit; open a new one",
+            self.state.cfg.websocket.max_age_s
+        ))
+        .with_code("websocket_connection_limit_reached");
+        e.status = 400;
+        let _ = send(session, &error_event(&e)).await;
+        close(session, code::GOING_AWAY, "websocket_connection_limit_reached").await
+    }
+
+    /// One client event. `Err` is the error event it gets.
+    fn on_text(&mut self, text: &str) -> Result<(), ApiError> {
+        let v: Value = serde_json::from_str(text)
+            .map_err(|e| ApiError::invalid_request(format!("invalid JSON: {e}")).with_code("invalid_json"))?;
+        let Value::Object(o) = v else {
+            return Err(
+                ApiError::invalid_request("an event must be a JSON object").with_code("invalid_event")
+            );
+        };
+        match o.get("type").and_then(Value::as_str) {
+            Some("response.create") => {}
+            Some(t) => {
+                return Err(ApiError::invalid_request(format!("unknown event type {t:?}"))
+                    .with_param("type")
+                    .with_code("unknown_event_type"))
+            }
+            None => return Err(ApiError::invalid_request("an event needs a `type`").with_param("type")),
+        }
+        let req = ResponsesRequest::from_json(&o, true)?;
+        if self.state.router.pool_for(&req.model).is_some_and(|p| p.responses == ResponsesMode::Native) {
+            return Err(ApiError::invalid_request(format!(
+                "model {:?} is served by its backends' own Responses API; WebSocket mode needs responses = \"translate\"",
+                req.model
+            ))
+            .with_param("model"));
+        }
+        if self.turn.is_none() {
+            self.start(req);
+        } else if self.queue.len() < self.state.cfg.websocket.max_queued {
+            self.queue.push_back(req);
+        } else {
+            let mut e = ApiError::invalid_request(format!(
+                "{} responses are already waiting on this connection",
+                self.queue.len()
+            ))
+            .with_code("too_many_queued_responses");
+            e.status = 429;
+            return Err(e);
+        }
+        Ok(())
+    }
+
+    fn start(&mut self, req: ResponsesRequest) {
+        let (tx, rx) = mpsc::channel(CHANNEL);
+        let state = self.state.clone();
+        let head = self.head.clone();
+        let (tenant, cached) = (self.tenant, self.last.clone());
+        let previous = req.previous_response_id.clone();
+        let task = tokio::spawn(async move {
+            let mut sink = WsSink { tx: tx.clone() };
+            let done = match Turn::prepare(&state, req, tenant, cached.as_ref(), 400).await {
+                Ok(turn) => {
+                    let mut ctx = RequestCtx::new();
+                    ctx.route = "responses_ws";
+                    crate::responses::run(&state, &mut sink, &mut ctx, &turn, &head, "websocket")
+                        .await
+                        .ok()
+                        .flatten()
+                }
+                Err(e) => {
+                    state.metrics.responses_turns.with_label_values(&["websocket", "error"]).inc();
+                    let _ = tx.send(Out::Events(vec![error_event(&e)])).await;
+                    None
+                }
+            };
+            let _ = tx.send(Out::Done(done)).await;
+        });
+        self.turn = Some(Running { task, rx, previous });
+    }
+
+    fn finish_turn(&mut self, done: Option<Arc<Conversation>>) {
+        let Some(t) = self.turn.take() else { return };
+        match done {
+            Some(c) => self.last = Some(c),
+            // A failed turn drops the state it referenced (as OpenAI's): the client starts over
+            // from the store, or from scratch.
+            None if t.previous.is_some() && self.last.as_ref().map(|l| &l.id) == t.previous.as_ref() => {
+                self.last = None
+            }
+            None => {}
+        }
+        if let Some(next) = self.queue.pop_front() {
+            self.start(next);
+        }
+    }
+}
+
+async fn recv(turn: &mut Option<Running>) -> Option<Out> {
+    match turn {
+        Some(t) => t.rx.recv().await,
+        None => std::future::pending().await,
+    }
+}
+
+/// A text message with one event; its payload's length.
+async fn send(session: &mut Session, event: &Value) -> pingora::Result<usize> {
+    let text = event.to_string();
+    let f = frame::encode(frame::TEXT, text.as_bytes());
+    session.write_response_body(Some(Bytes::from(f)), false).await.map(|()| text.len())
+}
+
+/// Sends a close frame and ends the body; returns the code.
+async fn close(session: &mut Session, c: u16, reason: &str) -> CloseCode {
+    let f = frame::close_frame(c, reason);
+    let _ = session.write_response_body(Some(Bytes::from(f)), true).await;
+    c
+}
+
+/// `{"type": "error", "status", "error": {...}}`.
+pub fn error_event(e: &ApiError) -> Value {
+    json!({"type": "error", "status": e.status, "error": e.body.error})
+}
+
+/// A turn's events into the connection's channel.
+struct WsSink {
+    tx: mpsc::Sender<Out>,
+}
+
+#[async_trait]
+impl EventSink for WsSink {
+    async fn begin(&mut self, _shown: &Shown) -> pingora::Result<()> {
+        Ok(())
+    }
+
+    async fn events(&mut self, events: Vec<Value>, _last: bool) -> pingora::Result<()> {
+        self.tx
+            .send(Out::Events(events))
+            .await
+            .or_else(|_| pingora::Error::e_explain(pingora::ErrorType::ConnectionClosed, "websocket closed"))
+    }
+
+    async fn error(&mut self, status: u16, body: Bytes, _shown: &Shown) -> pingora::Result<()> {
+        let error = serde_json::from_slice::<Value>(&body)
+            .ok()
+            .and_then(|v| v.get("error").cloned())
+            .unwrap_or_else(|| json!({"type": "server_error", "code": "upstream_error", "message": String::from_utf8_lossy(&body), "param": null}));
+        let event = json!({"type": "error", "status": status, "error": error});
+        self.events(vec![event], true).await
+    }
+
+    async fn gone(&mut self) {
+        self.tx.closed().await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_rfc_accept_key() {
+        assert_eq!(accept_key("dGhlIHNhbXBsZSBub25jZQ=="), "s3pPLMBiTxaQ9kYGzzhZRbK+xOo=");
+    }
+
+    #[test]
+    fn error_events_carry_status_and_code() {
+        let e = crate::responses::previous_not_found("resp_x", 400);
+        let v = error_event(&e);
+        assert_eq!(v["type"], "error");
+        assert_eq!(v["status"], 400);
+        assert_eq!(v["error"]["code"], "previous_response_not_found");
+        assert_eq!(v["error"]["param"], "previous_response_id");
+    }
+}
