@@ -19,7 +19,11 @@ fn python() -> PathBuf {
 }
 
 fn run_client(base: &str, model: &str, extra: &[&str]) -> serde_json::Value {
-    let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/clients/openai_chat.py");
+    run_script("openai_chat.py", base, model, extra)
+}
+
+fn run_script(name: &str, base: &str, model: &str, extra: &[&str]) -> serde_json::Value {
+    let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/clients").join(name);
     let out =
         Command::new(python()).arg(script).args([base, model]).args(extra).output().expect("python runs");
     let stdout = String::from_utf8_lossy(&out.stdout);
@@ -51,4 +55,44 @@ fn the_openai_sdk_raises_on_a_stream_cut_by_the_backend() {
     let v = run_client(&format!("http://{}/v1", proxy.addr), "m", &["expect-stream-error"]);
     assert_eq!(v["raised"], "APIError", "the SDK surfaces warmpath's error event: {v}");
     assert!(v["message"].as_str().unwrap_or("").contains("stream broke off"), "{v}");
+}
+
+/// `client.responses.connect()` and `client.responses.create(previous_response_id=...)`,
+/// unchanged, run a tool-calling conversation through warmpath's Responses API over an engine
+/// that speaks only chat.
+#[test]
+fn the_openai_sdk_runs_a_tool_calling_conversation_over_websocket_and_http() {
+    let dir = TempDir::new();
+    let path = dir.path().join("script.json");
+    let rules = serde_json::json!([
+        {"when": "", "reply": "<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Oslo\"}}\n</tool_call>"},
+        {"when": "sunny in Oslo", "reply": "It will be sunny."},
+    ]);
+    std::fs::write(&path, rules.to_string()).expect("script");
+    let e = Engine::sim("m", &["--script", &path.display().to_string()]);
+    let proxy = Proxy::start(&policy("", "", &["m"], &[("e0", e.url())]));
+    let v = run_script("openai_responses.py", &format!("http://{}/v1", proxy.addr), "m", &[]);
+    let kinds: Vec<&str> =
+        v["ws_first_kinds"].as_array().expect("kinds").iter().filter_map(|k| k.as_str()).collect();
+    assert_eq!(kinds[..2], ["response.created", "response.in_progress"], "{v}");
+    assert_eq!(
+        v["ws_call"],
+        serde_json::json!({"name": "get_weather", "arguments": {"city": "Oslo"}}),
+        "{v}"
+    );
+    assert_eq!(
+        (v["ws_text"].as_str(), v["ws_final"].as_str()),
+        (Some("It will be sunny."), Some("It will be sunny.")),
+        "{v}"
+    );
+    assert!(v["ws_cached"].as_u64().unwrap_or(0) > 0, "{v}");
+    assert_eq!(v["ws_error_code"], "previous_response_not_found", "{v}");
+    assert_eq!(
+        (v["http_call"].as_str(), v["http_final"].as_str()),
+        (Some("get_weather"), Some("It will be sunny.")),
+        "{v}"
+    );
+    assert!(v["http_cached"].as_u64().unwrap_or(0) > 0, "{v}");
+    assert_eq!(v["http_stream_status"], "completed", "{v}");
+    assert_eq!(v["http_not_found"], "previous_response_not_found", "{v}");
 }
