@@ -207,3 +207,70 @@ fn a_stream_the_backend_cuts_ends_with_response_failed() {
     );
     assert_eq!(r.status, 502, "{}", r.text());
 }
+
+fn redis_policy(redis: &RedisServer) -> String {
+    format!("[session]\nstore = \"redis\"\nredis_url = \"{}\"\nredis_timeout_ms = 500\n", redis.url())
+}
+
+/// Two warmpath replicas share a Redis server: a conversation started over a WebSocket on one
+/// continues on the other after the connection drops; another API key still cannot read it.
+#[test]
+fn a_conversation_continues_on_another_replica_through_redis() {
+    let dir = TempDir::new();
+    let e = Engine::sim("m", &["--script", &script(&dir)]);
+    let redis = RedisServer::start();
+    let a = Proxy::start(&policy(&redis_policy(&redis), "", &["m"], &[("e0", e.url())]));
+    let b = Proxy::start(&policy(&redis_policy(&redis), "", &["m"], &[("e0", e.url())]));
+
+    let mut ws = Ws::connect(a.addr, &[("authorization", "Bearer k1")]);
+    ws.send_json(&json!({"type": "response.create", "model": "m", "input": "What will the weather be in Oslo tomorrow?", "tools": tools()}));
+    let done = ws.turn().last().expect("events")["response"].clone();
+    assert_eq!(done["status"], "completed", "{done}");
+    drop(ws);
+
+    let call = &done["output"][0];
+    let next = |prev: &Value| {
+        json!({"type": "response.create", "model": "m", "previous_response_id": prev, "tools": tools(),
+               "input": [{"type": "function_call_output", "call_id": call["call_id"], "output": "sunny in Oslo"}]})
+    };
+    let mut other = Ws::connect(b.addr, &[("authorization", "Bearer k2")]);
+    other.send_json(&next(&done["id"]));
+    let refused = other.turn();
+    assert_eq!(refused[0]["error"]["code"], "previous_response_not_found", "{refused:?}");
+
+    let mut ws = Ws::connect(b.addr, &[("authorization", "Bearer k1")]);
+    ws.send_json(&next(&done["id"]));
+    let second = ws.turn().last().expect("events")["response"].clone();
+    assert_eq!(second["output"][0]["content"][0]["text"], "It will be sunny.", "{second}");
+    assert!(second["usage"]["input_tokens_details"]["cached_tokens"].as_u64().unwrap_or(0) > 0, "{second}");
+    assert_eq!(metric(&b.metrics(), "warmpath_session_store_ops_total{op=\"put\",result=\"ok\"}"), Some(1.0));
+}
+
+/// Redis gone: a turn that needs the store gets 503 `session_store_unavailable`; one that does
+/// not is served, its store write failing on the side.
+#[test]
+fn a_lost_redis_is_a_503_for_continuations_only() {
+    let e = Engine::sim("m", &[]);
+    let mut redis = RedisServer::start();
+    let proxy = Proxy::start(&policy(&redis_policy(&redis), "", &["m"], &[("e0", e.url())]));
+    let v =
+        post_json(proxy.addr, "/v1/responses", &json!({"model": "m", "input": "hi", "max_output_tokens": 2}))
+            .json();
+    redis.kill();
+    let r = post_json(
+        proxy.addr,
+        "/v1/responses",
+        &json!({"model": "m", "input": "more", "previous_response_id": v["id"]}),
+    );
+    assert_eq!(r.status, 503, "{}", r.text());
+    assert_eq!(r.json()["error"]["code"], "session_store_unavailable");
+    let r = post_json(
+        proxy.addr,
+        "/v1/responses",
+        &json!({"model": "m", "input": "new", "max_output_tokens": 2}),
+    );
+    assert_eq!(r.status, 200, "{}", r.text());
+    let m = proxy.metrics();
+    assert_eq!(metric(&m, "warmpath_session_store_ops_total{op=\"get\",result=\"error\"}"), Some(1.0), "{m}");
+    assert_eq!(metric(&m, "warmpath_session_store_ops_total{op=\"put\",result=\"error\"}"), Some(1.0), "{m}");
+}

@@ -660,3 +660,39 @@ impl Ws {
         out
     }
 }
+
+/// A `redis-server` process on a free port, nothing persisted; killed on drop.
+pub struct RedisServer {
+    pub port: u16,
+    child: Child,
+}
+
+impl RedisServer {
+    pub fn start() -> RedisServer {
+        let port = free_port();
+        let child = Command::new("redis-server")
+            .args(["--port", &port.to_string(), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("redis-server runs (scripts/ensure-deps installs it)");
+        let up = eventually(Duration::from_secs(10), || TcpStream::connect(("127.0.0.1", port)).is_ok());
+        assert!(up, "redis-server did not listen on {port}");
+        RedisServer { port, child }
+    }
+
+    pub fn url(&self) -> String {
+        format!("redis://127.0.0.1:{}", self.port)
+    }
+
+    pub fn kill(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Drop for RedisServer {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
