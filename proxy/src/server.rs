@@ -72,6 +72,7 @@ pub fn run(cfg: Config) -> anyhow::Result<()> {
         sessions: Arc::new(crate::session::Store::new(&cfg.session).map_err(anyhow::Error::msg)?),
         ws: crate::ws::Connections::default(),
     });
+    let drain = background_service("warmpath websocket drain", crate::ws::DrainOnShutdown(state.clone()));
     let proxy = pingora::proxy::http_proxy(&server.configuration, WarmpathProxy { state });
     let app = WithHeaderDeadline {
         inner: Arc::new(proxy),
@@ -105,6 +106,7 @@ pub fn run(cfg: Config) -> anyhow::Result<()> {
     server.add_service(health);
     server.add_service(load);
     server.add_service(events);
+    server.add_service(drain);
 
     let listen = cfg.server.listen;
     let model = cfg

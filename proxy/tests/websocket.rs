@@ -287,3 +287,58 @@ fn a_thousand_idle_connections_hold_bounded_memory() {
     assert!(per < 128 * 1024, "{per} bytes per idle connection");
     drop((warm, conns));
 }
+
+#[test]
+fn a_ping_flood_gets_one_pong_per_read() {
+    let e = Engine::sim("m", &[]);
+    let proxy = Proxy::start(&policy("", "", &["m"], &[("e0", e.url())]));
+    let mut ws = Ws::connect(proxy.addr, &[]);
+    // 200 pings in one write: the server answers the latest it read, not all 200.
+    let mut burst = Vec::new();
+    for i in 0..200u32 {
+        let payload = i.to_be_bytes();
+        let mask = [1u8, 2, 3, 4];
+        burst.extend_from_slice(&[0x89, 0x80 | 4]);
+        burst.extend_from_slice(&mask);
+        burst.extend(payload.iter().enumerate().map(|(k, b)| b ^ mask[k % 4]));
+    }
+    use std::io::Write;
+    ws.stream.write_all(&burst).expect("write");
+    ws.send_json(&json!({"type": "response.create", "model": "m", "input": "hi", "max_output_tokens": 1}));
+    let mut pongs = Vec::new();
+    loop {
+        let f = ws.read_frame().expect("frame");
+        match f.opcode {
+            10 => pongs.push(u32::from_be_bytes(f.payload[..4].try_into().expect("4"))),
+            1 if f.json()["type"] == "response.incomplete" || f.json()["type"] == "response.completed" => {
+                break
+            }
+            _ => {}
+        }
+    }
+    assert!(!pongs.is_empty() && pongs.len() < 200, "{} pongs", pongs.len());
+    assert_eq!(pongs.last(), Some(&199), "the latest ping is answered");
+}
+
+#[test]
+fn sigterm_lets_the_response_in_flight_finish_then_closes_with_1012() {
+    let e = Engine::sim("m", &["--sim-itl-ms", "20"]);
+    let proxy = Proxy::start(&policy("[server]\ngrace_period_secs = 5\n", "", &["m"], &[("e0", e.url())]));
+    let mut busy = Ws::connect(proxy.addr, &[]);
+    let mut idle = Ws::connect(proxy.addr, &[]);
+    busy.send_json(&json!({"type": "response.create", "model": "m", "input": "hi", "max_output_tokens": 40}));
+    assert_eq!(busy.next_event().expect("created")["type"], "response.created");
+    let status = std::process::Command::new("kill").args(["-TERM", &proxy.child.id().to_string()]).status();
+    assert!(status.is_ok_and(|s| s.success()));
+    let close_of = |ws: &mut Ws| loop {
+        match ws.read_frame() {
+            Some(f) if f.opcode == 8 => return f.close_code(),
+            Some(_) => continue,
+            None => return None,
+        }
+    };
+    assert_eq!(close_of(&mut idle), Some(1012), "an idle connection closes at once");
+    let rest = busy.turn();
+    assert_eq!(terminal(&rest)["type"], "response.incomplete", "the turn in flight ends: {:?}", kinds(&rest));
+    assert_eq!(close_of(&mut busy), Some(1012));
+}

@@ -20,7 +20,7 @@ pub mod code {
     pub const UNSUPPORTED: u16 = 1003;
     pub const INVALID_DATA: u16 = 1007;
     pub const TOO_BIG: u16 = 1009;
-    pub const INTERNAL: u16 = 1011;
+    pub const RESTART: u16 = 1012;
 }
 
 /// Why the connection must close: a close code and a short reason.

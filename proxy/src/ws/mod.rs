@@ -56,9 +56,34 @@ pub fn accept_key(key: &str) -> String {
     base64::engine::general_purpose::STANDARD.encode(h.digest().bytes())
 }
 
-/// Open connections, against `[websocket] max_connections`.
-#[derive(Debug, Default)]
-pub struct Connections(AtomicUsize);
+/// Open connections (against `[websocket] max_connections`), and the notice that the server
+/// is shutting down.
+#[derive(Debug)]
+pub struct Connections(AtomicUsize, tokio::sync::watch::Sender<bool>);
+
+impl Default for Connections {
+    fn default() -> Self {
+        Connections(AtomicUsize::new(0), tokio::sync::watch::channel(false).0)
+    }
+}
+
+impl Connections {
+    /// Every connection finishes its response in flight, then closes with 1012.
+    pub fn drain(&self) {
+        self.1.send_replace(true);
+    }
+}
+
+/// Tells the connections when pingora starts its graceful shutdown (SIGTERM).
+pub struct DrainOnShutdown(pub Arc<AppState>);
+
+#[async_trait]
+impl pingora::services::background::BackgroundService for DrainOnShutdown {
+    async fn start(&self, mut shutdown: pingora::server::ShutdownWatch) {
+        let _ = shutdown.changed().await;
+        self.0.ws.drain();
+    }
+}
 
 struct Slot<'a>(&'a Connections, &'a AppState);
 
@@ -196,6 +221,8 @@ impl Conn {
         let mut last_message = Instant::now();
         let mut last_frame = Instant::now();
         let mut aged = false;
+        let mut drain = self.state.ws.1.subscribe();
+        let mut draining = *drain.borrow();
         loop {
             let busy = self.turn.is_some() || !self.queue.is_empty();
             tokio::select! {
@@ -206,6 +233,9 @@ impl Conn {
                     };
                     self.decoder.push(&bytes);
                     last_frame = Instant::now();
+                    // Of the pings in one read only the latest is answered (a ping flood gets
+                    // one pong per read, not one per ping).
+                    let mut ping_payload: Option<Vec<u8>> = None;
                     loop {
                         let msg = match self.decoder.next_frame().and_then(|f| match f {
                             Some(f) => self.assembler.frame(f).map(Some),
@@ -220,7 +250,12 @@ impl Conn {
                             Message::Text(t) => {
                                 last_message = Instant::now();
                                 self.state.metrics.ws_bytes.with_label_values(&["in"]).inc_by(t.len() as u64);
-                                if let Err(e) = self.on_text(&t) {
+                                let result = if draining {
+                                    Err(ApiError::unavailable("the server is restarting; reconnect").with_code("server_restarting"))
+                                } else {
+                                    self.on_text(&t)
+                                };
+                                if let Err(e) = result {
                                     if send(session, &error_event(&e)).await.is_err() {
                                         return 1006;
                                     }
@@ -229,16 +264,18 @@ impl Conn {
                             Message::Binary(_) => {
                                 return close(session, code::UNSUPPORTED, "binary messages are not spoken here").await
                             }
-                            Message::Ping(p) => {
-                                if session.write_response_body(Some(Bytes::from(frame::encode(frame::PONG, &p))), false).await.is_err() {
-                                    return 1006;
-                                }
-                            }
+                            Message::Ping(p) => ping_payload = Some(p),
                             Message::Pong(_) => {}
                             Message::Close(c, _) => {
                                 // Echo the peer's code, as RFC 6455 §5.5.1 asks.
                                 return close(session, c.unwrap_or(code::NORMAL), "").await;
                             }
+                        }
+                    }
+                    if let Some(p) = ping_payload {
+                        let pong = Bytes::from(frame::encode(frame::PONG, &p));
+                        if session.write_response_body(Some(pong), false).await.is_err() {
+                            return 1006;
                         }
                     }
                 }
@@ -255,8 +292,13 @@ impl Conn {
                         Some(Out::Done(c)) => self.finish_turn(c),
                         None => self.finish_turn(None),
                     }
-                    if aged && self.turn.is_none() {
-                        return self.age_out(session).await;
+                    if self.turn.is_none() {
+                        if draining {
+                            return close(session, code::RESTART, "server restarting").await;
+                        }
+                        if aged {
+                            return self.age_out(session).await;
+                        }
                     }
                 }
                 _ = ping.tick() => {
@@ -270,6 +312,13 @@ impl Conn {
                 }
                 _ = tokio::time::sleep_until(last_message + idle), if !busy => {
                     return close(session, code::NORMAL, "idle timeout").await;
+                }
+                _ = drain.changed(), if !draining => {
+                    draining = true;
+                    self.queue.clear();
+                    if self.turn.is_none() {
+                        return close(session, code::RESTART, "server restarting").await;
+                    }
                 }
                 _ = tokio::time::sleep_until(age_limit), if !aged => {
                     aged = true;
