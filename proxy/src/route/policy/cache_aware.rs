@@ -68,8 +68,8 @@ pub struct CacheAware {
     /// Per backend: prefill work routed there lately (see [`RecentWork`]).
     recent: Mutex<RecentWork>,
     /// Per block ending a held prefix: how many requests lately found their longest held
-    /// prefix ending there, and when that was last counted (µs since `epoch`).
-    shared: Cache<u64, (f64, u64)>,
+    /// prefix ending there.
+    shared: SharedCounts,
     window: Duration,
     decode_cost: u64,
     miss_weight: f64,
@@ -112,6 +112,45 @@ struct Estimate {
     cost: f64,
 }
 
+/// Slots of [`SharedCounts`]: more than the prefixes a pool sees shared within a few work
+/// windows.
+const SHARED_SLOTS: usize = 4096;
+
+/// A direct-mapped table of decaying counts by block: one slot per block hash (a collision
+/// replaces the older entry, which a prefix that is really shared soon takes back), atomics
+/// only, so that counting costs a routing decision no lock, allocation or cache maintenance.
+/// Racing updates may lose a count; the count only weighs a cost.
+#[derive(Debug)]
+struct SharedCounts {
+    slots: Vec<[AtomicU64; 3]>,
+}
+
+impl SharedCounts {
+    fn new(n: usize) -> SharedCounts {
+        SharedCounts {
+            slots: (0..n).map(|_| [AtomicU64::new(0), AtomicU64::new(0), AtomicU64::new(0)]).collect(),
+        }
+    }
+
+    fn slot(&self, block: u64) -> &[AtomicU64; 3] {
+        &self.slots[(block % self.slots.len() as u64) as usize]
+    }
+
+    /// The count and when it was last set (µs since the policy's epoch).
+    fn get(&self, block: u64) -> Option<(f64, u64)> {
+        let [b, n, at] = self.slot(block);
+        (b.load(Ordering::Relaxed) == block)
+            .then(|| (f64::from_bits(n.load(Ordering::Relaxed)), at.load(Ordering::Relaxed)))
+    }
+
+    fn set(&self, block: u64, count: f64, now: u64) {
+        let [b, n, at] = self.slot(block);
+        b.store(block, Ordering::Relaxed);
+        n.store(count.to_bits(), Ordering::Relaxed);
+        at.store(now, Ordering::Relaxed);
+    }
+}
+
 impl CacheAware {
     pub fn new(names: &[&str], index: Arc<PrefixIndex>, cfg: &CacheAwareConfig) -> CacheAware {
         CacheAware {
@@ -126,10 +165,7 @@ impl CacheAware {
                 .time_to_idle(Duration::from_secs(cfg.session_ttl_s.max(1)))
                 .build(),
             recent: Mutex::new(RecentWork::new(names.len(), Duration::from_secs_f64(cfg.work_window_s))),
-            shared: Cache::builder()
-                .max_capacity(1 << 16)
-                .time_to_idle(Duration::from_secs_f64(cfg.work_window_s * 20.0))
-                .build(),
+            shared: SharedCounts::new(SHARED_SLOTS),
             window: Duration::from_secs_f64(cfg.work_window_s),
             decode_cost: cfg.decode_cost_tokens,
             miss_weight: cfg.miss_weight,
@@ -174,7 +210,7 @@ impl CacheAware {
 
     /// Requests lately that found their longest held prefix ending at `block`.
     fn shared_by(&self, block: u64, now: u64) -> f64 {
-        self.shared.get(&block).map_or(0.0, |(n, at)| {
+        self.shared.get(block).map_or(0.0, |(n, at)| {
             n * (-(now.saturating_sub(at) as f64 / 1e6) / self.window.as_secs_f64().max(1e-3)).exp()
         })
     }
@@ -323,7 +359,7 @@ impl Policy for CacheAware {
         let now = self.now_us().max(1);
         self.routed_at[d.index].store(now, Ordering::Relaxed);
         if let Some(b) = d.held_block {
-            self.shared.insert(b, (self.shared_by(b, now) + 1.0, now));
+            self.shared.set(b, self.shared_by(b, now) + 1.0, now);
         }
         {
             let mut r = self.recent();
