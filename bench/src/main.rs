@@ -18,6 +18,7 @@ mod tool_search;
 mod trace;
 mod upstream;
 mod workload;
+mod ws;
 
 use clap::{Parser, Subcommand};
 

@@ -241,8 +241,58 @@ pub async fn open_loop(
     outs
 }
 
+/// Sessions advance turn by turn together: every session's turn t is answered before any
+/// turn t + 1 starts, and at each step the target's CPU is read, so the CPU of each turn is
+/// known as the conversations grow.
+pub struct TurnClock {
+    barrier: tokio::sync::Barrier,
+    pid: Option<u32>,
+    /// (target CPU ns, when) before the first turn and after each.
+    pub samples: std::sync::Mutex<Vec<(u64, Instant)>>,
+}
+
+impl TurnClock {
+    pub fn new(sessions: usize, pid: Option<u32>) -> Arc<TurnClock> {
+        let clock = TurnClock {
+            barrier: tokio::sync::Barrier::new(sessions.max(1)),
+            pid,
+            samples: Default::default(),
+        };
+        clock.sample();
+        Arc::new(clock)
+    }
+
+    fn sample(&self) {
+        let cpu = self.pid.map_or(0, crate::procfs::cpu_ns);
+        if let Ok(mut s) = self.samples.lock() {
+            s.push((cpu, Instant::now()));
+        }
+    }
+
+    async fn turn_done(&self) {
+        if self.barrier.wait().await.is_leader() {
+            self.sample();
+        }
+        // Nobody starts the next turn before the sample is taken.
+        self.barrier.wait().await;
+    }
+
+    /// Per turn: the target's CPU (µs) per session, less `idle_rate` (ns/s) over the turn.
+    pub fn per_turn_us(&self, sessions: usize, idle_rate: f64) -> Vec<f64> {
+        let s = self.samples.lock().map(|s| s.clone()).unwrap_or_default();
+        s.windows(2)
+            .map(|w| {
+                let busy = w[1].0.saturating_sub(w[0].0) as f64
+                    - idle_rate * w[1].1.duration_since(w[0].1).as_secs_f64();
+                busy.max(0.0) / 1e3 / sessions.max(1) as f64
+            })
+            .collect()
+    }
+}
+
 /// Sessions run concurrently; each sends its turns in order (a turn starts when the previous
-/// answer is complete). `sessions[i]` holds indices into `reqs`.
+/// answer is complete; with `clock`, when every session's previous turn is). `sessions[i]`
+/// holds indices into `reqs`.
 pub async fn sessions(
     addr: SocketAddr,
     reqs: Arc<Vec<Request>>,
@@ -250,12 +300,13 @@ pub async fn sessions(
     conn: Connection,
     progress: Arc<Progress>,
     timeout: Duration,
+    clock: Option<Arc<TurnClock>>,
 ) -> Vec<Outcome> {
     let n = reqs.len();
     let tasks: Vec<_> = sessions
         .into_iter()
         .map(|turns| {
-            let (reqs, progress) = (reqs.clone(), progress.clone());
+            let (reqs, progress, clock) = (reqs.clone(), progress.clone(), clock.clone());
             tokio::spawn(async move {
                 let mut sender: Option<Sender> = None;
                 let mut outs = Vec::new();
@@ -274,6 +325,105 @@ pub async fn sessions(
                         sender = None;
                     }
                     outs.push((i, out));
+                    if let Some(c) = &clock {
+                        c.turn_done().await;
+                    }
+                }
+                outs
+            })
+        })
+        .collect();
+    let mut outs = vec![Outcome::default(); n];
+    for t in tasks {
+        if let Ok(v) = t.await {
+            for (i, o) in v {
+                outs[i] = o;
+            }
+        }
+    }
+    outs
+}
+
+/// The agent workload over Responses WebSocket mode: one connection per session, each turn only
+/// the new items (see [`crate::ws`]). TTFT is the first text or arguments delta; prompt and
+/// cached tokens come from the response's usage.
+pub async fn ws_sessions(
+    addr: SocketAddr,
+    reqs: Arc<Vec<Request>>,
+    sessions: Vec<Vec<usize>>,
+    progress: Arc<Progress>,
+    timeout: Duration,
+    clock: Option<Arc<TurnClock>>,
+) -> Vec<Outcome> {
+    let n = reqs.len();
+    let tasks: Vec<_> = sessions
+        .into_iter()
+        .map(|turns| {
+            let (reqs, progress, clock) = (reqs.clone(), progress.clone(), clock.clone());
+            tokio::spawn(async move {
+                let mut conn: Option<crate::ws::WsClient> = None;
+                let mut previous: Option<String> = None;
+                let mut sent = 0;
+                let mut outs = Vec::new();
+                for i in turns {
+                    progress.in_flight.fetch_add(1, Ordering::Relaxed);
+                    let start = Instant::now();
+                    let mut out = Outcome::default();
+                    let written_before = conn.as_ref().map_or(0, |c| c.written);
+                    let work = async {
+                        if conn.is_none() {
+                            conn = Some(crate::ws::WsClient::connect(addr).await?);
+                        }
+                        let c = conn.as_mut().expect("connected");
+                        let (event, n) =
+                            crate::ws::response_create(&reqs[i].body, sent, previous.as_deref())?;
+                        c.send_text(&event).await?;
+                        loop {
+                            let Some(text) = c.next_text().await? else {
+                                anyhow::bail!("the connection closed")
+                            };
+                            let v: serde_json::Value = serde_json::from_str(&text)?;
+                            match v["type"].as_str().unwrap_or("") {
+                                "response.output_text.delta" | "response.function_call_arguments.delta" => {
+                                    out.ttft.get_or_insert_with(|| start.elapsed());
+                                }
+                                "response.completed" | "response.incomplete" => {
+                                    let r = &v["response"];
+                                    let u = &r["usage"];
+                                    out.output_tokens = u["output_tokens"].as_u64().unwrap_or(0) as usize;
+                                    out.prompt_tokens = u["input_tokens"].as_u64().map(|n| n as usize);
+                                    out.cached_tokens = u["input_tokens_details"]["cached_tokens"]
+                                        .as_u64()
+                                        .map(|n| n as usize);
+                                    previous = r["id"].as_str().map(str::to_owned);
+                                    sent = n;
+                                    return Ok(());
+                                }
+                                "response.failed" | "error" => anyhow::bail!("{text}"),
+                                _ => {}
+                            }
+                        }
+                    };
+                    match tokio::time::timeout(timeout, work).await {
+                        Ok(Ok(())) => out.ok = out.ttft.is_some(),
+                        Ok(Err(e)) => out.error = Some(format!("{e:#}")),
+                        Err(_) => out.error = Some(format!("no complete answer within {timeout:?}")),
+                    }
+                    if !out.ok {
+                        out.error.get_or_insert_with(|| "no output".into());
+                        // Start over: a new connection, the whole conversation.
+                        conn = None;
+                        previous = None;
+                        sent = 0;
+                    }
+                    out.e2e = start.elapsed();
+                    out.bytes_sent = conn.as_ref().map_or(0, |c| c.written).saturating_sub(written_before);
+                    progress.in_flight.fetch_sub(1, Ordering::Relaxed);
+                    finish(&progress, &out);
+                    outs.push((i, out));
+                    if let Some(c) = &clock {
+                        c.turn_done().await;
+                    }
                 }
                 outs
             })

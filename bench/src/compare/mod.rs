@@ -4,9 +4,10 @@
 //! - `--workload trace`: a Mooncake trace replayed open-loop. Hit rates beside the offline oracle
 //!   and partition ceiling, TTFT and end-to-end percentiles, prefilled tokens, request and work
 //!   imbalance across backends, client bytes, proxy CPU and RSS, errors.
-//! - `--workload agent`: agent sessions run closed-loop under each client mode (`naive`: a new
-//!   connection per turn; `http`: keep-alive), with the same figures plus a per-turn table
-//!   (prefilled tokens, TTFT, client bytes as conversations grow).
+//! - `--workload agent`: agent sessions run closed-loop and in step under each client mode
+//!   (`naive`: a new connection per turn; `http`: keep-alive; `ws`: Responses WebSocket mode,
+//!   only new items per turn), with the same figures plus a per-turn table (prefilled tokens,
+//!   TTFT, client bytes, the target's CPU as conversations grow).
 
 mod summary;
 
@@ -50,6 +51,9 @@ pub enum Mode {
     Naive,
     /// Full resend over one keep-alive connection per session.
     Http,
+    /// Responses WebSocket mode, one connection per session, only new items per turn
+    /// (`previous_response_id`); warmpath targets only.
+    Ws,
 }
 
 #[derive(clap::Args)]
@@ -159,6 +163,8 @@ struct Run {
     wall: Duration,
     proxy_cpu_ns: Option<u64>,
     rss_mb: Option<f64>,
+    /// Agent workload: the target's CPU per session in each turn, µs (turns run in step).
+    turn_cpu_us: Vec<f64>,
 }
 
 impl Run {
@@ -390,7 +396,12 @@ pub async fn run(mut a: Args) -> anyhow::Result<()> {
         Workload::Agent => a
             .targets
             .iter()
-            .flat_map(|t| a.modes.iter().map(|m| Slot { spec: t.clone(), mode: Some(*m) }))
+            .flat_map(|t| {
+                a.modes
+                    .iter()
+                    .filter(|m| **m != Mode::Ws || t.starts_with("warmpath"))
+                    .map(|m| Slot { spec: t.clone(), mode: Some(*m) })
+            })
             .collect(),
     };
     let reqs = Arc::new(built.reqs.clone());
@@ -423,8 +434,13 @@ pub async fn run(mut a: Args) -> anyhow::Result<()> {
                 progress.clone(),
             );
             let start = Instant::now();
+            let clock = slot.mode.map(|_| replay::TurnClock::new(built.sessions.len(), target.pid()));
             let outcomes = match slot.mode {
                 None => replay::open_loop(target.addr, reqs.clone(), progress, timeout).await,
+                Some(Mode::Ws) => {
+                    let s = built.sessions.clone();
+                    replay::ws_sessions(target.addr, reqs.clone(), s, progress, timeout, clock.clone()).await
+                }
                 Some(m) => {
                     let conn = if m == Mode::Naive { Connection::PerRequest } else { Connection::KeepAlive };
                     replay::sessions(
@@ -434,6 +450,7 @@ pub async fn run(mut a: Args) -> anyhow::Result<()> {
                         conn,
                         progress,
                         timeout,
+                        clock.clone(),
                     )
                     .await
                 }
@@ -457,6 +474,10 @@ pub async fn run(mut a: Args) -> anyhow::Result<()> {
                     (b.saturating_sub(a) as f64 - idle * wall.as_secs_f64()).max(0.0) as u64
                 }),
                 rss_mb,
+                turn_cpu_us: clock
+                    .map(|c| c.per_turn_us(built.sessions.len(), idle_rate.unwrap_or(0.0)))
+                    .filter(|_| target.pid().is_some())
+                    .unwrap_or_default(),
             });
             drop(target);
         }

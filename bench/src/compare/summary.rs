@@ -73,9 +73,13 @@ impl Context<'_> {
                 "{} agent sessions × {} turns (seed {}): a {}-token system prompt with a timestamp on its second \
                  line that changes every turn, {} tool schemas per session in a new order on every request, a \
                  history growing by a tool call and a {}-token tool result per turn; output ≤ {} tokens. Sessions \
-                 run concurrently, each turn sent when the previous answer is complete, streaming, to {engines}. \
-                 `naive`: a new connection per turn; `http`: one keep-alive connection per session; both resend \
-                 the whole conversation.",
+                 run concurrently and in step (turn t + 1 starts when every session has its answer to turn t, \
+                 when the target's CPU is read), streaming, to {engines}. `naive`: a new connection per turn; \
+                 `http`: one keep-alive connection per session; both resend the whole conversation as a chat \
+                 request. `ws`: Responses WebSocket mode, one connection per session, each turn a \
+                 `response.create` with the instructions, the tools and only the new items \
+                 (`previous_response_id`, `store: false`); the conversation the server keeps includes the \
+                 model's own answers, so its prompts run a little longer than the scripted ones.",
                 self.reqs.iter().filter_map(|r| r.session).map(|s| s.0).max().map_or(0, |m| m + 1),
                 self.reqs.iter().filter_map(|r| r.session).map(|s| s.1).max().map_or(0, |m| m + 1),
                 a.seed,
@@ -220,15 +224,17 @@ impl Context<'_> {
     }
 
     /// Per turn of the agent workload: the prompt the engine got and what it prefilled of it
-    /// (prompt − cached, from each response's usage), TTFT p50 and client bytes, for every run.
+    /// (prompt − cached, from each response's usage), TTFT p50, client bytes and the target's
+    /// CPU per request, for every run.
     fn per_turn(&self, runs: &[Vec<Run>]) -> String {
         let mut md =
             String::from("### Per turn (means over sessions; first round)\n\n| turn | tokens sent |");
         for s in self.slots {
-            let _ = write!(md, " {} prompt | prefilled | TTFT p50 ms | client KB |", s.label());
+            let _ =
+                write!(md, " {} prompt | prefilled | TTFT p50 ms | client KB | proxy CPU µs |", s.label());
         }
         md.push_str("\n| ---: | ---: |");
-        md.push_str(&" ---: | ---: | ---: | ---: |".repeat(self.slots.len()));
+        md.push_str(&" ---: | ---: | ---: | ---: | ---: |".repeat(self.slots.len()));
         md.push('\n');
         let turns = self.reqs.iter().filter_map(|r| r.session).map(|s| s.1 + 1).max().unwrap_or(0);
         for t in 0..turns {
@@ -239,7 +245,7 @@ impl Context<'_> {
             let _ = write!(md, "| {} | {prompt:.0} |", t + 1);
             for rs in runs {
                 let Some(r) = rs.first() else {
-                    md.push_str(" — | — | — | — |");
+                    md.push_str(" — | — | — | — | — |");
                     continue;
                 };
                 let outs: Vec<&Outcome> = idx.iter().map(|&i| &r.outcomes[i]).filter(|o| o.ok).collect();
@@ -252,7 +258,8 @@ impl Context<'_> {
                     median(outs.iter().filter_map(|o| o.ttft).map(|d| d.as_secs_f64() * 1e3).collect());
                 let kb = mean(outs.iter().map(|o| o.bytes_sent as f64 / 1024.0).collect());
                 let prompt = mean(outs.iter().filter_map(|o| o.prompt_tokens.map(|p| p as f64)).collect());
-                let _ = write!(md, " {prompt:.0} | {prefilled:.0} | {ttft:.0} | {kb:.1} |");
+                let cpu = r.turn_cpu_us.get(t).map_or("—".to_owned(), |c| format!("{c:.0}"));
+                let _ = write!(md, " {prompt:.0} | {prefilled:.0} | {ttft:.0} | {kb:.1} | {cpu} |");
             }
             md.push('\n');
         }

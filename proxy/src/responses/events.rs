@@ -52,6 +52,13 @@ impl Item {
     }
 }
 
+/// One event as it goes out: its type (the SSE `event:` line) and its JSON text.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Event {
+    pub kind: &'static str,
+    pub json: String,
+}
+
 /// How the response ended.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Outcome {
@@ -69,8 +76,9 @@ pub enum Outcome {
 pub struct Builder {
     pub id: String,
     created_at: u64,
-    /// The request's fields echoed in the response object.
-    echo: Map<String, Value>,
+    /// The request's fields echoed in the response object, serialized once (`"model":…,`
+    /// without braces): with a hundred tools they are most of each response object.
+    echo: String,
     seq: u64,
     items: Vec<Item>,
     usage: Option<Value>,
@@ -84,7 +92,6 @@ impl Builder {
         echo.insert("model".into(), json!(req.model));
         echo.insert("instructions".into(), json!(req.instructions));
         echo.insert("previous_response_id".into(), json!(req.previous_response_id));
-        echo.insert("tools".into(), Value::Array(req.tools.clone()));
         echo.insert("tool_choice".into(), req.tool_choice.clone().unwrap_or(json!("auto")));
         echo.insert("parallel_tool_calls".into(), json!(req.parallel_tool_calls.unwrap_or(true)));
         echo.insert("max_output_tokens".into(), json!(req.max_output_tokens));
@@ -95,20 +102,37 @@ impl Builder {
         echo.insert("text".into(), req.text.clone().unwrap_or(json!({"format": {"type": "text"}})));
         echo.insert("prompt_cache_key".into(), json!(req.prompt_cache_key));
         echo.insert("user".into(), json!(req.user));
+        let mut text = Value::Object(echo).to_string();
+        text.pop();
+        // The tools, serialized where they are rather than copied into the map.
+        text.push_str(r#","tools":"#);
+        text.push_str(&serde_json::to_string(&req.tools).unwrap_or_else(|_| "[]".to_owned()));
+        let echo = text[1..].to_owned();
         let created_at =
             std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs());
         Builder { id, created_at, echo, seq: 0, items: Vec::new(), usage: None, finish: None, outcome: None }
     }
 
-    fn event(&mut self, kind: &str, mut fields: Map<String, Value>) -> Value {
+    fn event(&mut self, kind: &'static str, mut fields: Map<String, Value>) -> Event {
         fields.insert("type".into(), json!(kind));
         fields.insert("sequence_number".into(), json!(self.seq));
         self.seq += 1;
-        Value::Object(fields)
+        Event { kind, json: Value::Object(fields).to_string() }
     }
 
-    /// The response object as it stands.
-    pub fn response(&self) -> Value {
+    /// An event that carries the response object as it stands.
+    fn response_event(&mut self, kind: &'static str) -> Event {
+        let json = format!(
+            r#"{{"type":"{kind}","sequence_number":{},"response":{}}}"#,
+            self.seq,
+            self.response_json()
+        );
+        self.seq += 1;
+        Event { kind, json }
+    }
+
+    /// The response object as it stands, as JSON text.
+    pub fn response_json(&self) -> String {
         let (status, incomplete, error) = match &self.outcome {
             None => ("in_progress", Value::Null, Value::Null),
             Some(Outcome::Completed) => ("completed", Value::Null, Value::Null),
@@ -127,22 +151,23 @@ impl Builder {
         o.insert("incomplete_details".into(), incomplete);
         o.insert("output".into(), Value::Array(self.items.iter().map(|i| i.value(item_status)).collect()));
         o.insert("usage".into(), self.usage.clone().unwrap_or(Value::Null));
-        for (k, v) in &self.echo {
-            o.insert(k.clone(), v.clone());
-        }
-        Value::Object(o)
+        let mut text = Value::Object(o).to_string();
+        text.pop();
+        text.push(',');
+        text.push_str(&self.echo);
+        text.push('}');
+        text
     }
 
     /// The opening events.
-    pub fn start(&mut self) -> Vec<Value> {
-        let r = self.response();
-        let created = self.event("response.created", obj([("response", r.clone())]));
-        let progress = self.event("response.in_progress", obj([("response", r)]));
+    pub fn start(&mut self) -> Vec<Event> {
+        let created = self.response_event("response.created");
+        let progress = self.response_event("response.in_progress");
         vec![created, progress]
     }
 
     /// One chat completion chunk's events.
-    pub fn chunk(&mut self, chunk: &Value, out: &mut Vec<Value>) {
+    pub fn chunk(&mut self, chunk: &Value, out: &mut Vec<Event>) {
         if let Some(u) = chunk.get("usage").filter(|u| u.is_object()) {
             self.usage = Some(usage(u));
         }
@@ -163,7 +188,7 @@ impl Builder {
         }
     }
 
-    fn text(&mut self, text: &str, out: &mut Vec<Value>) {
+    fn text(&mut self, text: &str, out: &mut Vec<Event>) {
         let open = matches!(self.items.last(), Some(Item::Message { open: true, .. }));
         if !open {
             self.close_open(out);
@@ -205,7 +230,7 @@ impl Builder {
 
     /// A tool call delta: `index` keys the call; id and name come first, then argument
     /// fragments.
-    fn call(&mut self, c: &Value, position: u64, out: &mut Vec<Value>) {
+    fn call(&mut self, c: &Value, position: u64, out: &mut Vec<Event>) {
         let chat_index = c.get("index").and_then(Value::as_u64).unwrap_or(position);
         let f = c.get("function");
         let name = f.and_then(|f| f.get("name")).and_then(Value::as_str);
@@ -252,9 +277,9 @@ impl Builder {
     }
 
     /// Closes every open item, in order.
-    fn close_open(&mut self, out: &mut Vec<Value>) {
+    fn close_open(&mut self, out: &mut Vec<Event>) {
         for index in 0..self.items.len() {
-            let events: Vec<(&str, Map<String, Value>)> = match &mut self.items[index] {
+            let events: Vec<(&'static str, Map<String, Value>)> = match &mut self.items[index] {
                 Item::Message { id, text, open } if *open => {
                     *open = false;
                     let part = json!({"type": "output_text", "text": text, "annotations": []});
@@ -302,7 +327,7 @@ impl Builder {
 
     /// The closing events: open items done, then the terminal event with the whole response.
     /// `failure` is set when the backend's stream failed.
-    pub fn finish(&mut self, failure: Option<(String, String)>, out: &mut Vec<Value>) {
+    pub fn finish(&mut self, failure: Option<(String, String)>, out: &mut Vec<Event>) {
         self.close_open(out);
         let (outcome, kind) = match (failure, self.finish.as_deref()) {
             (Some((code, message)), _) => (Outcome::Failed { code, message }, "response.failed"),
@@ -311,8 +336,7 @@ impl Builder {
             (None, _) => (Outcome::Completed, "response.completed"),
         };
         self.outcome = Some(outcome);
-        let r = self.response();
-        let e = self.event(kind, obj([("response", r)]));
+        let e = self.response_event(kind);
         out.push(e);
     }
 
@@ -350,14 +374,20 @@ mod tests {
     use super::*;
 
     fn builder() -> Builder {
-        let req =
-            ResponsesRequest::from_json(json!({"model": "m", "input": "hi"}).as_object().expect("o"), false)
-                .expect("parse");
+        let req = ResponsesRequest::from_json(
+            json!({"model": "m", "input": "hi"}).as_object().expect("o").clone(),
+            false,
+        )
+        .expect("parse");
         Builder::new("resp_1".into(), &req)
     }
 
-    fn kinds(events: &[Value]) -> Vec<&str> {
-        events.iter().filter_map(|e| e["type"].as_str()).collect()
+    fn kinds(events: &[Event]) -> Vec<&str> {
+        events.iter().map(|e| e.kind).collect()
+    }
+
+    fn values(events: &[Event]) -> Vec<Value> {
+        events.iter().map(|e| serde_json::from_str(&e.json).expect("json")).collect()
     }
 
     #[test]
@@ -389,15 +419,16 @@ mod tests {
                 "response.completed"
             ]
         );
-        let seqs: Vec<u64> = ev.iter().filter_map(|e| e["sequence_number"].as_u64()).collect();
+        let v = values(&ev);
+        let seqs: Vec<u64> = v.iter().filter_map(|e| e["sequence_number"].as_u64()).collect();
         assert_eq!(seqs, (0..ev.len() as u64).collect::<Vec<_>>());
-        let done = &ev.last().expect("last")["response"];
+        let done = &v.last().expect("last")["response"];
         assert_eq!(done["status"], "completed");
         assert_eq!(done["output"][0]["content"][0]["text"], "Hello");
         assert_eq!(done["usage"]["input_tokens_details"]["cached_tokens"], 4);
         assert_eq!(done["usage"]["total_tokens"], 9);
-        assert_eq!(ev[0]["response"]["status"], "in_progress");
-        assert_eq!(ev[6]["text"], "Hello");
+        assert_eq!(v[0]["response"]["status"], "in_progress");
+        assert_eq!(v[6]["text"], "Hello");
     }
 
     #[test]
@@ -430,11 +461,12 @@ mod tests {
             (items[2]["name"].as_str(), items[2]["arguments"].as_str()),
             (Some("get_time"), Some("{}"))
         );
+        let v = values(&ev);
         let arg_done: Vec<&Value> =
-            ev.iter().filter(|e| e["type"] == "response.function_call_arguments.done").collect();
+            v.iter().filter(|e| e["type"] == "response.function_call_arguments.done").collect();
         assert_eq!(arg_done.len(), 2);
         assert_eq!(arg_done[0]["arguments"], "{\"city\":\"Oslo\"}");
-        assert_eq!(ev.last().expect("last")["type"], "response.completed");
+        assert_eq!(v.last().expect("last")["type"], "response.completed");
     }
 
     #[test]
@@ -443,7 +475,8 @@ mod tests {
         let mut ev = Vec::new();
         b.chunk(&json!({"choices": [{"delta": {"content": "x"}, "finish_reason": "length"}]}), &mut ev);
         b.finish(None, &mut ev);
-        let r = &ev.last().expect("last")["response"];
+        let v = values(&ev);
+        let r = &v.last().expect("last")["response"];
         assert_eq!(
             (r["status"].as_str(), r["incomplete_details"]["reason"].as_str()),
             (Some("incomplete"), Some("max_output_tokens"))
@@ -453,7 +486,8 @@ mod tests {
         let mut ev = Vec::new();
         b.chunk(&json!({"choices": [{"delta": {"content": "x"}}]}), &mut ev);
         b.finish(Some(("upstream_stream_error".into(), "cut".into())), &mut ev);
-        let last = ev.last().expect("last");
+        let v = values(&ev);
+        let last = v.last().expect("last");
         assert_eq!(last["type"], "response.failed");
         assert_eq!(last["response"]["error"]["code"], "upstream_stream_error");
         assert_eq!(

@@ -30,7 +30,7 @@ use crate::http::request::LlmRoute;
 use crate::http::respond::send_error;
 use crate::http::{AppState, RequestCtx};
 use crate::session::{self, Conversation};
-use events::{Builder, Outcome};
+use events::{Builder, Event, Outcome};
 use request::ResponsesRequest;
 pub use translate::{EventSink, Shown, Translator};
 
@@ -186,11 +186,10 @@ pub async fn serve_http(
     if state.router.pool_for(model).is_some_and(|p| p.responses == ResponsesMode::Native) {
         return forward::run(state, session, ctx, LlmRoute::Responses, body, &head).await;
     }
-    let req = match ResponsesRequest::from_json(&obj, false) {
+    let req = match ResponsesRequest::from_json(obj, false) {
         Ok(r) => r,
         Err(e) => return reject(state, session, ctx, &e).await,
     };
-    drop(obj);
     let tenant = session::tenant(head.authorization());
     let turn = match Turn::prepare(state, req, tenant, None, 404).await {
         Ok(t) => t,
@@ -258,14 +257,15 @@ impl EventSink for HttpSink<'_> {
         Ok(())
     }
 
-    async fn events(&mut self, events: Vec<Value>, last: bool) -> pingora::Result<()> {
+    async fn events(&mut self, events: Vec<Event>, last: bool) -> pingora::Result<()> {
         if self.stream {
-            let mut out = String::new();
+            let mut out =
+                String::with_capacity(events.iter().map(|e| e.json.len() + e.kind.len() + 16).sum());
             for e in &events {
                 out.push_str("event: ");
-                out.push_str(e.get("type").and_then(Value::as_str).unwrap_or("message"));
+                out.push_str(e.kind);
                 out.push_str("\ndata: ");
-                out.push_str(&e.to_string());
+                out.push_str(&e.json);
                 out.push_str("\n\n");
             }
             return self.session.write_response_body(Some(Bytes::from(out)), last).await;
@@ -273,7 +273,8 @@ impl EventSink for HttpSink<'_> {
         if !last {
             return Ok(());
         }
-        let Some(response) = events.last().and_then(|e| e.get("response")) else { return Ok(()) };
+        let terminal: Option<Value> = events.last().and_then(|e| serde_json::from_str(&e.json).ok());
+        let Some(response) = terminal.as_ref().and_then(|e| e.get("response")) else { return Ok(()) };
         if response.get("status").and_then(Value::as_str) == Some("failed") {
             let msg = response["error"]["message"].as_str().unwrap_or("the backend failed").to_owned();
             let code = response["error"]["code"].as_str().unwrap_or("upstream_error").to_owned();

@@ -65,24 +65,26 @@ fn opt_f64(o: &Map<String, Value>, k: &str) -> Result<Option<f64>, ApiError> {
 impl ResponsesRequest {
     /// Reads a request body; `event` is true for a WebSocket `response.create` (where `type`
     /// is the event's, and events always stream whatever `stream` says).
-    pub fn from_json(o: &Map<String, Value>, event: bool) -> Result<ResponsesRequest, ApiError> {
+    /// The object is taken apart (its items and tools move into the request).
+    pub fn from_json(mut o: Map<String, Value>, event: bool) -> Result<ResponsesRequest, ApiError> {
+        let o = &mut o;
         let model = opt_str(o, "model")?.ok_or_else(|| bad("`model` is required", "model"))?;
-        let input = match o.get("input") {
+        let input = match o.remove("input") {
             None | Some(Value::Null) => Vec::new(),
             Some(Value::String(s)) => vec![json!({"type": "message", "role": "user", "content": s})],
             Some(Value::Array(items)) => {
                 for (i, item) in items.iter().enumerate() {
                     check_item(item).map_err(|m| bad(m, &format!("input[{i}]")))?;
                 }
-                items.clone()
+                items
             }
             Some(_) => return Err(bad("`input` must be a string or an array of items", "input")),
         };
-        let tools = match o.get("tools") {
+        let tools = match o.remove("tools") {
             None | Some(Value::Null) => Vec::new(),
             Some(Value::Array(t)) => {
                 let mut out = Vec::with_capacity(t.len());
-                for (i, tool) in t.iter().enumerate() {
+                for (i, tool) in t.into_iter().enumerate() {
                     match tool.get("type").and_then(Value::as_str) {
                         Some("function") => {
                             if tool.get("name").and_then(Value::as_str).is_none_or(str::is_empty) {
@@ -91,7 +93,7 @@ impl ResponsesRequest {
                                     &format!("tools[{i}].name"),
                                 ));
                             }
-                            out.push(tool.clone());
+                            out.push(tool);
                         }
                         // The hosted search over deferred tools: warmpath's own deferral
                         // (`[pools.tools] defer`) does that job on the translated request.
@@ -356,7 +358,7 @@ mod tests {
     use super::*;
 
     fn req(v: Value) -> Result<ResponsesRequest, ApiError> {
-        ResponsesRequest::from_json(v.as_object().expect("object"), false)
+        ResponsesRequest::from_json(v.as_object().expect("object").clone(), false)
     }
 
     #[test]
@@ -443,9 +445,11 @@ mod tests {
             let e = req(body.clone()).expect_err("rejected");
             assert_eq!((e.status, e.body.error.param.as_deref()), (400, Some(param)), "{body}: {e}");
         }
-        let r =
-            ResponsesRequest::from_json(json!({"model": "m", "stream": false}).as_object().expect("o"), true)
-                .expect("an event may say stream");
+        let r = ResponsesRequest::from_json(
+            json!({"model": "m", "stream": false}).as_object().expect("o").clone(),
+            true,
+        )
+        .expect("an event may say stream");
         assert!(r.stream, "events always stream");
     }
 }

@@ -7,7 +7,7 @@ use bytes::{Bytes, BytesMut};
 use pingora::http::ResponseHeader;
 use serde_json::Value;
 
-use super::events::{Builder, Outcome};
+use super::events::{Builder, Event, Outcome};
 use crate::http::downstream::Downstream;
 use crate::tools::search::SseSplitter;
 
@@ -24,7 +24,7 @@ pub trait EventSink: Send {
     /// The response begins (the backend said 200).
     async fn begin(&mut self, shown: &Shown) -> pingora::Result<()>;
     /// Events in order; `last` with the terminal one.
-    async fn events(&mut self, events: Vec<Value>, last: bool) -> pingora::Result<()>;
+    async fn events(&mut self, events: Vec<Event>, last: bool) -> pingora::Result<()>;
     /// The request failed before a response began: an HTTP status and an OpenAI error body.
     async fn error(&mut self, status: u16, body: Bytes, shown: &Shown) -> pingora::Result<()>;
     /// Resolves when the client stopped waiting for this response; cancel-safe.

@@ -30,6 +30,7 @@ use crate::config::ResponsesMode;
 use crate::http::forward::Head;
 use crate::http::respond::send_error;
 use crate::http::{AppState, RequestCtx};
+use crate::responses::events::Event;
 use crate::responses::request::ResponsesRequest;
 use crate::responses::{EventSink, Shown, Turn};
 use crate::session::{self, Conversation};
@@ -184,7 +185,7 @@ pub async fn serve(
 
 /// What a turn's task hands the connection.
 enum Out {
-    Events(Vec<Value>),
+    Events(Vec<Event>),
     /// The turn is over: the conversation after it, where it succeeded.
     Done(Option<Arc<Conversation>>),
 }
@@ -256,7 +257,7 @@ impl Conn {
                                     self.on_text(&t)
                                 };
                                 if let Err(e) = result {
-                                    if send(session, &error_event(&e)).await.is_err() {
+                                    if send(session, &error_event(&e).json).await.is_err() {
                                         return 1006;
                                     }
                                 }
@@ -283,7 +284,7 @@ impl Conn {
                     match out {
                         Some(Out::Events(events)) => {
                             for e in &events {
-                                match send(session, e).await {
+                                match send(session, &e.json).await {
                                     Ok(n) => self.state.metrics.ws_bytes.with_label_values(&["out"]).inc_by(n as u64),
                                     Err(_) => return 1006,
                                 }
@@ -338,7 +339,7 @@ impl Conn {
         ))
         .with_code("websocket_connection_limit_reached");
         e.status = 400;
-        let _ = send(session, &error_event(&e)).await;
+        let _ = send(session, &error_event(&e).json).await;
         close(session, code::GOING_AWAY, "websocket_connection_limit_reached").await
     }
 
@@ -360,7 +361,7 @@ impl Conn {
             }
             None => return Err(ApiError::invalid_request("an event needs a `type`").with_param("type")),
         }
-        let req = ResponsesRequest::from_json(&o, true)?;
+        let req = ResponsesRequest::from_json(o, true)?;
         if self.state.router.pool_for(&req.model).is_some_and(|p| p.responses == ResponsesMode::Native) {
             return Err(ApiError::invalid_request(format!(
                 "model {:?} is served by its backends' own Responses API; WebSocket mode needs responses = \"translate\"",
@@ -437,10 +438,9 @@ async fn recv(turn: &mut Option<Running>) -> Option<Out> {
 }
 
 /// A text message with one event; its payload's length.
-async fn send(session: &mut Session, event: &Value) -> pingora::Result<usize> {
-    let text = event.to_string();
-    let f = frame::encode(frame::TEXT, text.as_bytes());
-    session.write_response_body(Some(Bytes::from(f)), false).await.map(|()| text.len())
+async fn send(session: &mut Session, event: &str) -> pingora::Result<usize> {
+    let f = frame::encode(frame::TEXT, event.as_bytes());
+    session.write_response_body(Some(Bytes::from(f)), false).await.map(|()| event.len())
 }
 
 /// Sends a close frame and ends the body; returns the code.
@@ -451,8 +451,11 @@ async fn close(session: &mut Session, c: u16, reason: &str) -> CloseCode {
 }
 
 /// `{"type": "error", "status", "error": {...}}`.
-pub fn error_event(e: &ApiError) -> Value {
-    json!({"type": "error", "status": e.status, "error": e.body.error})
+pub fn error_event(e: &ApiError) -> Event {
+    Event {
+        kind: "error",
+        json: json!({"type": "error", "status": e.status, "error": e.body.error}).to_string(),
+    }
 }
 
 /// A turn's events into the connection's channel.
@@ -466,7 +469,7 @@ impl EventSink for WsSink {
         Ok(())
     }
 
-    async fn events(&mut self, events: Vec<Value>, _last: bool) -> pingora::Result<()> {
+    async fn events(&mut self, events: Vec<Event>, _last: bool) -> pingora::Result<()> {
         self.tx
             .send(Out::Events(events))
             .await
@@ -478,7 +481,10 @@ impl EventSink for WsSink {
             .ok()
             .and_then(|v| v.get("error").cloned())
             .unwrap_or_else(|| json!({"type": "server_error", "code": "upstream_error", "message": String::from_utf8_lossy(&body), "param": null}));
-        let event = json!({"type": "error", "status": status, "error": error});
+        let event = Event {
+            kind: "error",
+            json: json!({"type": "error", "status": status, "error": error}).to_string(),
+        };
         self.events(vec![event], true).await
     }
 
@@ -499,7 +505,7 @@ mod tests {
     #[test]
     fn error_events_carry_status_and_code() {
         let e = crate::responses::previous_not_found("resp_x", 400);
-        let v = error_event(&e);
+        let v: Value = serde_json::from_str(&error_event(&e).json).expect("json");
         assert_eq!(v["type"], "error");
         assert_eq!(v["status"], 400);
         assert_eq!(v["error"]["code"], "previous_response_not_found");
