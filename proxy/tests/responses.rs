@@ -240,7 +240,9 @@ fn a_conversation_continues_on_another_replica_through_redis() {
 
     let mut ws = Ws::connect(b.addr, &[("authorization", "Bearer k1")]);
     ws.send_json(&next(&done["id"]));
-    let second = ws.turn().last().expect("events")["response"].clone();
+    let events = ws.turn();
+    let second = events.last().expect("events")["response"].clone();
+    assert!(!second.is_null(), "{events:?}");
     assert_eq!(second["output"][0]["content"][0]["text"], "It will be sunny.", "{second}");
     assert!(second["usage"]["input_tokens_details"]["cached_tokens"].as_u64().unwrap_or(0) > 0, "{second}");
     assert_eq!(metric(&b.metrics(), "warmpath_session_store_ops_total{op=\"put\",result=\"ok\"}"), Some(1.0));

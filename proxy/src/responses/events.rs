@@ -106,7 +106,7 @@ impl Builder {
         text.pop();
         // The tools, serialized where they are rather than copied into the map.
         text.push_str(r#","tools":"#);
-        text.push_str(&serde_json::to_string(&req.tools).unwrap_or_else(|_| "[]".to_owned()));
+        text.push_str(&req.tools_json());
         let echo = text[1..].to_owned();
         let created_at =
             std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs());
@@ -374,11 +374,8 @@ mod tests {
     use super::*;
 
     fn builder() -> Builder {
-        let req = ResponsesRequest::from_json(
-            json!({"model": "m", "input": "hi"}).as_object().expect("o").clone(),
-            false,
-        )
-        .expect("parse");
+        let fields = super::super::request::raw_fields(br#"{"model": "m", "input": "hi"}"#).expect("fields");
+        let req = ResponsesRequest::from_fields(fields, false).expect("parse");
         Builder::new("resp_1".into(), &req)
     }
 

@@ -123,7 +123,7 @@ pub async fn run(
             }
         };
         let head = head.for_path("/v1/chat/completions").with_session(Some(turn.session_key()));
-        let body = Bytes::from(chat.to_string());
+        let body = Bytes::from(chat);
         forward::run(state, &mut tr, ctx, LlmRoute::Chat, body, &head).await?;
     } else {
         // Warm-up: an id to chain from, no output.
@@ -142,7 +142,7 @@ pub async fn run(
     };
     state.metrics.responses_turns.with_label_values(&[transport, label]).inc();
     let output = tr.builder.output_items();
-    match outcome {
+    let stored = match outcome {
         Some(Outcome::Completed | Outcome::Incomplete(_)) => {
             let c = Arc::new(turn.stored(output));
             if turn.req.store {
@@ -157,10 +157,14 @@ pub async fn run(
                     state.metrics.session_store_bytes.with_label_values(&["memory"]).set(bytes as i64);
                 }
             }
-            Ok(Some(c))
+            Some(c)
         }
-        _ => Ok(None),
+        _ => None,
+    };
+    if tr.release().await.is_err() {
+        state.metrics.client_disconnects.inc();
     }
+    Ok(stored)
 }
 
 /// `POST /v1/responses`.
@@ -171,22 +175,16 @@ pub async fn serve_http(
 ) -> pingora::Result<()> {
     let Some(body) = forward::read_client_body(state, session, ctx).await? else { return Ok(()) };
     let head = Head::of(session.req_header());
-    let parsed = serde_json::from_slice::<Value>(&body)
-        .map_err(|e| ApiError::invalid_request(format!("invalid JSON: {e}")))
-        .and_then(|v| match v {
-            Value::Object(o) => Ok(o),
-            _ => Err(ApiError::invalid_request("the body must be a JSON object")),
-        });
-    let obj = match parsed {
-        Ok(o) => o,
+    let fields = match request::raw_fields(&body) {
+        Ok(f) => f,
         Err(e) => return reject(state, session, ctx, &e).await,
     };
     // A pool that serves Responses natively gets the request as it is.
-    let model = obj.get("model").and_then(Value::as_str).unwrap_or("");
-    if state.router.pool_for(model).is_some_and(|p| p.responses == ResponsesMode::Native) {
+    let model = request::raw_str(&fields, "model").unwrap_or_default();
+    if state.router.pool_for(&model).is_some_and(|p| p.responses == ResponsesMode::Native) {
         return forward::run(state, session, ctx, LlmRoute::Responses, body, &head).await;
     }
-    let req = match ResponsesRequest::from_json(obj, false) {
+    let req = match ResponsesRequest::from_fields(fields, false) {
         Ok(r) => r,
         Err(e) => return reject(state, session, ctx, &e).await,
     };

@@ -1,12 +1,49 @@
 //! A Responses request (`POST /v1/responses` body, or a WebSocket `response.create` event) and
 //! its translation into the Chat Completions request every OpenAI-compatible backend speaks.
 
+use std::borrow::Cow;
+use std::collections::BTreeMap;
+
+use serde::Deserialize;
+use serde_json::value::RawValue;
 use serde_json::{json, Map, Value};
 use warmpath_wire::openai::ApiError;
 
+/// A request's top-level fields as raw JSON: each field parsed only as far as it is read.
+pub type RawFields = BTreeMap<String, Box<RawValue>>;
+
+/// Parses a body or event into its top-level fields (400 unless it is a JSON object).
+pub fn raw_fields(text: &[u8]) -> Result<RawFields, ApiError> {
+    serde_json::from_slice::<RawFields>(text).map_err(|e| {
+        let what =
+            if e.is_syntax() || e.is_eof() { "invalid JSON" } else { "the body must be a JSON object" };
+        ApiError::invalid_request(format!("{what}: {e}")).with_code("invalid_json")
+    })
+}
+
+/// A string field of raw fields (`None` when absent or not a string).
+pub fn raw_str<'a>(f: &'a RawFields, k: &str) -> Option<Cow<'a, str>> {
+    f.get(k).and_then(|v| serde_json::from_str::<Cow<'a, str>>(v.get()).ok())
+}
+
+/// What warmpath reads of a tool; the rest stays in its text.
+#[derive(Deserialize)]
+struct ToolView<'a> {
+    #[serde(rename = "type", borrow, default)]
+    kind: Option<Cow<'a, str>>,
+    #[serde(borrow, default)]
+    name: Option<Cow<'a, str>>,
+    #[serde(borrow, default)]
+    description: Option<&'a RawValue>,
+    #[serde(borrow, default)]
+    parameters: Option<&'a RawValue>,
+    #[serde(borrow, default)]
+    strict: Option<&'a RawValue>,
+}
+
 /// The fields warmpath acts on; the rest of the request is ignored, as OpenAI ignores fields a
 /// model does not use.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone)]
 pub struct ResponsesRequest {
     pub model: String,
     /// The new input items (a string input is one user message).
@@ -19,8 +56,9 @@ pub struct ResponsesRequest {
     pub stream: bool,
     /// WebSocket warm-up (`generate: false`): a response id to chain from, no output.
     pub generate: bool,
-    /// Function tools in the Responses form.
-    pub tools: Vec<Value>,
+    /// Function tools in the Responses form, as their JSON text: a hundred schemas are most of
+    /// an agent's request, and they are only copied, never looked into past their names.
+    pub tools: Vec<Box<RawValue>>,
     pub tool_choice: Option<Value>,
     pub parallel_tool_calls: Option<bool>,
     pub max_output_tokens: Option<u64>,
@@ -65,35 +103,35 @@ fn opt_f64(o: &Map<String, Value>, k: &str) -> Result<Option<f64>, ApiError> {
 impl ResponsesRequest {
     /// Reads a request body; `event` is true for a WebSocket `response.create` (where `type`
     /// is the event's, and events always stream whatever `stream` says).
-    /// The object is taken apart (its items and tools move into the request).
-    pub fn from_json(mut o: Map<String, Value>, event: bool) -> Result<ResponsesRequest, ApiError> {
-        let o = &mut o;
-        let model = opt_str(o, "model")?.ok_or_else(|| bad("`model` is required", "model"))?;
-        let input = match o.remove("input") {
-            None | Some(Value::Null) => Vec::new(),
-            Some(Value::String(s)) => vec![json!({"type": "message", "role": "user", "content": s})],
-            Some(Value::Array(items)) => {
-                for (i, item) in items.iter().enumerate() {
-                    check_item(item).map_err(|m| bad(m, &format!("input[{i}]")))?;
-                }
-                items
-            }
-            Some(_) => return Err(bad("`input` must be a string or an array of items", "input")),
-        };
-        let tools = match o.remove("tools") {
-            None | Some(Value::Null) => Vec::new(),
-            Some(Value::Array(t)) => {
-                let mut out = Vec::with_capacity(t.len());
-                for (i, tool) in t.into_iter().enumerate() {
-                    match tool.get("type").and_then(Value::as_str) {
+    /// Reads a request from its top-level fields; `event` is true for a WebSocket
+    /// `response.create` (where `type` is the event's, and events always stream whatever
+    /// `stream` says). Tools stay raw; every other field is parsed.
+    pub fn from_fields(mut f: RawFields, event: bool) -> Result<ResponsesRequest, ApiError> {
+        let raw_tools = f.remove("tools");
+        let mut o = Map::new();
+        for (k, v) in f {
+            let v: Value = serde_json::from_str(v.get())
+                .map_err(|e| ApiError::invalid_request(format!("invalid JSON: {e}")))?;
+            o.insert(k, v);
+        }
+        let mut r = Self::from_json(o, event)?;
+        match raw_tools.as_deref().map(RawValue::get).map(str::trim) {
+            None | Some("null") => {}
+            Some(t) if t.starts_with('[') => {
+                let list: Vec<Box<RawValue>> =
+                    serde_json::from_str(t).map_err(|_| bad("`tools` must be an array", "tools"))?;
+                for (i, tool) in list.into_iter().enumerate() {
+                    let view: ToolView<'_> = serde_json::from_str(tool.get())
+                        .map_err(|_| bad("a tool must be an object", &format!("tools[{i}]")))?;
+                    match view.kind.as_deref() {
                         Some("function") => {
-                            if tool.get("name").and_then(Value::as_str).is_none_or(str::is_empty) {
+                            if view.name.as_deref().is_none_or(str::is_empty) {
                                 return Err(bad(
                                     "a function tool needs a `name`",
                                     &format!("tools[{i}].name"),
                                 ));
                             }
-                            out.push(tool);
+                            r.tools.push(tool);
                         }
                         // The hosted search over deferred tools: warmpath's own deferral
                         // (`[pools.tools] defer`) does that job on the translated request.
@@ -109,9 +147,26 @@ impl ResponsesRequest {
                         }
                     }
                 }
-                out
             }
             Some(_) => return Err(bad("`tools` must be an array", "tools")),
+        }
+        Ok(r)
+    }
+
+    /// The request from its parsed fields, tools excepted (see [`Self::from_fields`]).
+    fn from_json(mut o: Map<String, Value>, event: bool) -> Result<ResponsesRequest, ApiError> {
+        let o = &mut o;
+        let model = opt_str(o, "model")?.ok_or_else(|| bad("`model` is required", "model"))?;
+        let input = match o.remove("input") {
+            None | Some(Value::Null) => Vec::new(),
+            Some(Value::String(s)) => vec![json!({"type": "message", "role": "user", "content": s})],
+            Some(Value::Array(items)) => {
+                for (i, item) in items.iter().enumerate() {
+                    check_item(item).map_err(|m| bad(m, &format!("input[{i}]")))?;
+                }
+                items
+            }
+            Some(_) => return Err(bad("`input` must be a string or an array of items", "input")),
         };
         let max_output_tokens =
             match o.get("max_output_tokens") {
@@ -132,7 +187,7 @@ impl ResponsesRequest {
             store: opt_bool(o, "store")?.unwrap_or(true),
             stream: event || opt_bool(o, "stream")?.unwrap_or(false),
             generate: opt_bool(o, "generate")?.unwrap_or(true),
-            tools,
+            tools: Vec::new(),
             tool_choice: o.get("tool_choice").filter(|v| !v.is_null()).cloned(),
             parallel_tool_calls: opt_bool(o, "parallel_tool_calls")?,
             max_output_tokens,
@@ -149,7 +204,7 @@ impl ResponsesRequest {
     /// The Chat Completions request for this turn over `history` (the stored conversation's
     /// items) and the new input. Always streamed, with usage, whatever the client asked: the
     /// translation reads one form.
-    pub fn to_chat(&self, history: &[Value]) -> Result<Value, ApiError> {
+    pub fn to_chat(&self, history: &[Value]) -> Result<String, ApiError> {
         let mut messages = Vec::with_capacity(history.len() + self.input.len() + 1);
         if let Some(i) = &self.instructions {
             messages.push(json!({"role": "system", "content": i}));
@@ -160,9 +215,6 @@ impl ResponsesRequest {
         let mut body = Map::new();
         body.insert("model".into(), json!(self.model));
         body.insert("messages".into(), Value::Array(messages));
-        if !self.tools.is_empty() {
-            body.insert("tools".into(), Value::Array(self.tools.iter().map(chat_tool).collect()));
-        }
         if let Some(c) = &self.tool_choice {
             body.insert("tool_choice".into(), chat_tool_choice(c));
         }
@@ -191,7 +243,33 @@ impl ResponsesRequest {
         }
         body.insert("stream".into(), json!(true));
         body.insert("stream_options".into(), json!({"include_usage": true}));
-        Ok(Value::Object(body))
+        let mut text = Value::Object(body).to_string();
+        if !self.tools.is_empty() {
+            text.pop();
+            text.push_str(r#","tools":["#);
+            for (i, t) in self.tools.iter().enumerate() {
+                if i > 0 {
+                    text.push(',');
+                }
+                chat_tool(t, &mut text);
+            }
+            text.push_str("]}");
+        }
+        Ok(text)
+    }
+
+    /// The tools as one JSON array, as the client sent them.
+    pub fn tools_json(&self) -> String {
+        let mut out = String::with_capacity(self.tools.iter().map(|t| t.get().len() + 1).sum::<usize>() + 2);
+        out.push('[');
+        for (i, t) in self.tools.iter().enumerate() {
+            if i > 0 {
+                out.push(',');
+            }
+            out.push_str(t.get());
+        }
+        out.push(']');
+        out
     }
 }
 
@@ -317,14 +395,20 @@ fn push_item(messages: &mut Vec<Value>, item: &Value) -> Result<(), ApiError> {
 }
 
 /// `{"type":"function","name",...}` → `{"type":"function","function":{"name",...}}`.
-fn chat_tool(t: &Value) -> Value {
-    let mut f = Map::new();
-    for k in ["name", "description", "parameters", "strict"] {
-        if let Some(v) = t.get(k).filter(|v| !v.is_null()) {
-            f.insert(k.into(), v.clone());
+/// Appends the chat form of a Responses function tool, its parts copied as text.
+fn chat_tool(t: &RawValue, out: &mut String) {
+    let Ok(v) = serde_json::from_str::<ToolView<'_>>(t.get()) else { return };
+    out.push_str(r#"{"type":"function","function":{"name":"#);
+    out.push_str(&json!(v.name.as_deref().unwrap_or("")).to_string());
+    for (k, raw) in [("description", v.description), ("parameters", v.parameters), ("strict", v.strict)] {
+        if let Some(r) = raw.filter(|r| r.get().trim() != "null") {
+            out.push_str(",\"");
+            out.push_str(k);
+            out.push_str("\":");
+            out.push_str(r.get());
         }
     }
-    json!({"type": "function", "function": f})
+    out.push_str("}}");
 }
 
 fn chat_tool_choice(c: &Value) -> Value {
@@ -358,7 +442,7 @@ mod tests {
     use super::*;
 
     fn req(v: Value) -> Result<ResponsesRequest, ApiError> {
-        ResponsesRequest::from_json(v.as_object().expect("object").clone(), false)
+        ResponsesRequest::from_fields(raw_fields(v.to_string().as_bytes())?, false)
     }
 
     #[test]
@@ -366,7 +450,7 @@ mod tests {
         let r = req(json!({"model": "m", "input": "hi"})).expect("parse");
         assert_eq!(r.input, vec![json!({"type": "message", "role": "user", "content": "hi"})]);
         assert!(r.store && r.generate && !r.stream);
-        let chat = r.to_chat(&[]).expect("chat");
+        let chat: Value = serde_json::from_str(&r.to_chat(&[]).expect("chat")).expect("json");
         assert_eq!(chat["messages"], json!([{"role": "user", "content": "hi"}]));
         assert_eq!(chat["stream"], true);
         assert_eq!(chat["stream_options"]["include_usage"], true);
@@ -394,7 +478,7 @@ mod tests {
             "text": {"format": {"type": "json_schema", "name": "w", "schema": {"type": "object"}}}
         }))
         .expect("parse");
-        let chat = r.to_chat(&[]).expect("chat");
+        let chat: Value = serde_json::from_str(&r.to_chat(&[]).expect("chat")).expect("json");
         assert_eq!(
             chat["messages"],
             json!([
@@ -424,7 +508,8 @@ mod tests {
             json!({"role": "user", "content": "first"}),
             json!({"type": "message", "role": "assistant", "content": [{"type": "output_text", "text": "ok"}]}),
         ];
-        let m = r.to_chat(&history).expect("chat")["messages"].clone();
+        let m = serde_json::from_str::<Value>(&r.to_chat(&history).expect("chat")).expect("json")["messages"]
+            .clone();
         let roles: Vec<&str> = m.as_array().expect("a").iter().filter_map(|m| m["role"].as_str()).collect();
         assert_eq!(roles, ["system", "user", "assistant", "user"]);
     }
@@ -445,8 +530,8 @@ mod tests {
             let e = req(body.clone()).expect_err("rejected");
             assert_eq!((e.status, e.body.error.param.as_deref()), (400, Some(param)), "{body}: {e}");
         }
-        let r = ResponsesRequest::from_json(
-            json!({"model": "m", "stream": false}).as_object().expect("o").clone(),
+        let r = ResponsesRequest::from_fields(
+            raw_fields(br#"{"model": "m", "stream": false}"#).expect("f"),
             true,
         )
         .expect("an event may say stream");

@@ -46,11 +46,39 @@ pub struct Translator<'s> {
     shown: Shown,
     saw_done: bool,
     failure: Option<(String, String)>,
+    /// The terminal event, held until [`Translator::release`]: the conversation is stored
+    /// first, so that a client that has it can continue anywhere at once.
+    terminal: Option<Event>,
 }
 
 impl<'s> Translator<'s> {
     pub fn new(sink: &'s mut dyn EventSink, builder: Builder) -> Translator<'s> {
-        Translator { sink, builder, state: State::Waiting, shown: Vec::new(), saw_done: false, failure: None }
+        Translator {
+            sink,
+            builder,
+            state: State::Waiting,
+            shown: Vec::new(),
+            saw_done: false,
+            failure: None,
+            terminal: None,
+        }
+    }
+
+    /// Sends what [`Downstream`] calls held back: the other events of the last batch are out.
+    async fn end(&mut self, mut out: Vec<Event>) -> pingora::Result<()> {
+        self.terminal = out.pop();
+        if out.is_empty() {
+            return Ok(());
+        }
+        self.sink.events(out, false).await
+    }
+
+    /// Sends the terminal event (once the conversation is stored).
+    pub async fn release(&mut self) -> pingora::Result<()> {
+        match self.terminal.take() {
+            Some(t) => self.sink.events(vec![t], true).await,
+            None => Ok(()),
+        }
     }
 
     /// How the response ended; `None` when it never began (an error answer, or the client left).
@@ -67,7 +95,7 @@ impl<'s> Translator<'s> {
                 }
                 let mut out = Vec::new();
                 self.builder.finish(self.failure.take(), &mut out);
-                self.sink.events(out, true).await
+                self.end(out).await
             }
             State::Whole(buf) => {
                 let mut out = Vec::new();
@@ -81,7 +109,7 @@ impl<'s> Translator<'s> {
                         self.builder.finish(Some(("upstream_error".into(), why.into())), &mut out);
                     }
                 }
-                self.sink.events(out, true).await
+                self.end(out).await
             }
             State::Error(status, buf) => self.sink.error(status, buf.freeze(), &self.shown).await,
             State::Waiting | State::Done => Ok(()),

@@ -345,14 +345,8 @@ impl Conn {
 
     /// One client event. `Err` is the error event it gets.
     fn on_text(&mut self, text: &str) -> Result<(), ApiError> {
-        let v: Value = serde_json::from_str(text)
-            .map_err(|e| ApiError::invalid_request(format!("invalid JSON: {e}")).with_code("invalid_json"))?;
-        let Value::Object(o) = v else {
-            return Err(
-                ApiError::invalid_request("an event must be a JSON object").with_code("invalid_event")
-            );
-        };
-        match o.get("type").and_then(Value::as_str) {
+        let fields = crate::responses::request::raw_fields(text.as_bytes())?;
+        match crate::responses::request::raw_str(&fields, "type").as_deref() {
             Some("response.create") => {}
             Some(t) => {
                 return Err(ApiError::invalid_request(format!("unknown event type {t:?}"))
@@ -361,7 +355,7 @@ impl Conn {
             }
             None => return Err(ApiError::invalid_request("an event needs a `type`").with_param("type")),
         }
-        let req = ResponsesRequest::from_json(o, true)?;
+        let req = ResponsesRequest::from_fields(fields, true)?;
         if self.state.router.pool_for(&req.model).is_some_and(|p| p.responses == ResponsesMode::Native) {
             return Err(ApiError::invalid_request(format!(
                 "model {:?} is served by its backends' own Responses API; WebSocket mode needs responses = \"translate\"",
