@@ -342,3 +342,24 @@ fn sigterm_lets_the_response_in_flight_finish_then_closes_with_1012() {
     assert_eq!(terminal(&rest)["type"], "response.incomplete", "the turn in flight ends: {:?}", kinds(&rest));
     assert_eq!(close_of(&mut busy), Some(1012));
 }
+
+#[test]
+fn a_warm_up_gives_an_id_to_chain_from_and_no_output() {
+    let e = Engine::sim("m", &[]);
+    let proxy = Proxy::start(&policy("", "", &["m"], &[("e0", e.url())]));
+    let mut ws = Ws::connect(proxy.addr, &[]);
+    ws.send_json(&json!({"type": "response.create", "model": "m", "generate": false,
+                         "instructions": "You are terse.", "input": "Remember the number 42."}));
+    let warm = ws.turn();
+    assert_eq!(kinds(&warm), ["response.created", "response.in_progress", "response.completed"], "{warm:?}");
+    let done = &terminal(&warm)["response"];
+    assert_eq!(done["output"], json!([]), "{done}");
+    let running = metric(&e.metrics(), "vllm:request_success_total").unwrap_or(0.0);
+    assert_eq!(running, 0.0, "a warm-up does not reach the engine");
+    ws.send_json(&json!({"type": "response.create", "model": "m", "previous_response_id": done["id"],
+                         "input": "Which number?", "max_output_tokens": 4}));
+    let next = ws.turn();
+    let r = &terminal(&next)["response"];
+    assert_eq!(r["status"], "incomplete", "{next:?}");
+    assert!(r["usage"]["input_tokens"].as_u64().unwrap_or(0) > 10, "the warm-up's input is in the prompt: {r}");
+}

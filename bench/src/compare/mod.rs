@@ -386,7 +386,10 @@ pub async fn run(mut a: Args) -> anyhow::Result<()> {
     if a.plan {
         return Ok(());
     }
-    let fleet = Fleet::start(backends, &a.engine, kv_blocks, longest + 64, model).await?;
+    // In `ws` mode the conversation warmpath keeps holds the model's answers too: each turn's
+    // output joins the next prompt.
+    let answers = if a.modes.contains(&Mode::Ws) { a.turns * (a.max_output + 16) } else { 0 };
+    let fleet = Fleet::start(backends, &a.engine, kv_blocks, longest + 64 + answers, model).await?;
     let extra = match &a.warmpath_toml {
         Some(p) => std::fs::read_to_string(p)?,
         None => String::new(),
