@@ -361,5 +361,8 @@ fn a_warm_up_gives_an_id_to_chain_from_and_no_output() {
     let next = ws.turn();
     let r = &terminal(&next)["response"];
     assert_eq!(r["status"], "incomplete", "{next:?}");
-    assert!(r["usage"]["input_tokens"].as_u64().unwrap_or(0) > 10, "the warm-up's input is in the prompt: {r}");
+    assert!(
+        r["usage"]["input_tokens"].as_u64().unwrap_or(0) > 10,
+        "the warm-up's input is in the prompt: {r}"
+    );
 }
