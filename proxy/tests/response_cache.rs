@@ -193,3 +193,21 @@ fn canonical_requests_meet_and_answers_through_deferred_tools_are_kept() {
     assert_eq!(again.body, first.body);
     assert_eq!(served(&e), 1.0);
 }
+
+/// A Responses turn at temperature 0 is a deterministic chat request once translated: the
+/// second identical turn is answered from the cache (its chat stream replayed and translated
+/// again), under a new response id.
+#[test]
+fn a_deterministic_responses_turn_is_answered_from_the_cache() {
+    let e = Engine::sim("m", &[]);
+    let proxy = Proxy::start(&policy("", CACHE, &["m"], &[("e0", e.url())]));
+    let body = serde_json::json!({"model": "m", "input": "the same question", "temperature": 0, "max_output_tokens": 6});
+    let first = post_json(proxy.addr, "/v1/responses", &body);
+    assert_eq!((first.status, first.header("x-warmpath-cache")), (200, Some("miss")), "{}", first.text());
+    let second = post_json(proxy.addr, "/v1/responses", &body);
+    assert_eq!((second.status, second.header("x-warmpath-cache")), (200, Some("hit")), "{}", second.text());
+    let (a, b) = (first.json(), second.json());
+    assert_eq!(a["output"][0]["content"][0]["text"], b["output"][0]["content"][0]["text"]);
+    assert_ne!(a["id"], b["id"], "each turn is its own response");
+    assert_eq!(served(&e), 1.0, "the engine answered once");
+}
