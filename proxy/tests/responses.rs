@@ -276,3 +276,29 @@ fn a_lost_redis_is_a_503_for_continuations_only() {
     assert_eq!(metric(&m, "warmpath_session_store_ops_total{op=\"get\",result=\"error\"}"), Some(1.0), "{m}");
     assert_eq!(metric(&m, "warmpath_session_store_ops_total{op=\"put\",result=\"error\"}"), Some(1.0), "{m}");
 }
+
+/// A Redis that needs a password: the URL's password authenticates every connection; a wrong
+/// one is a store failure (503 for a continuation), not a crash or a silent loss.
+#[test]
+fn redis_with_a_password() {
+    let e = Engine::sim("m", &[]);
+    let redis = RedisServer::start_with(&["--requirepass", "s3cret"]);
+    let store = |pw: &str| {
+        format!(
+            "[session]\nstore = \"redis\"\nredis_url = \"redis://:{pw}@127.0.0.1:{}/2\"\nredis_timeout_ms = 500\n",
+            redis.port
+        )
+    };
+    let good = Proxy::start(&policy(&store("s3cret"), "", &["m"], &[("e0", e.url())]));
+    let bad = Proxy::start(&policy(&store("wrong"), "", &["m"], &[("e0", e.url())]));
+    let v =
+        post_json(good.addr, "/v1/responses", &json!({"model": "m", "input": "hi", "max_output_tokens": 2}))
+            .json();
+    let next =
+        json!({"model": "m", "input": "more", "previous_response_id": v["id"], "max_output_tokens": 2});
+    let r = post_json(good.addr, "/v1/responses", &next);
+    assert_eq!(r.status, 200, "{}", r.text());
+    let r = post_json(bad.addr, "/v1/responses", &next);
+    assert_eq!(r.status, 503, "{}", r.text());
+    assert!(r.text().contains("session_store_unavailable"), "{}", r.text());
+}

@@ -669,9 +669,15 @@ pub struct RedisServer {
 
 impl RedisServer {
     pub fn start() -> RedisServer {
+        RedisServer::start_with(&[])
+    }
+
+    /// With extra `redis-server` arguments (`--requirepass secret`).
+    pub fn start_with(extra: &[&str]) -> RedisServer {
         let port = free_port();
         let child = Command::new("redis-server")
             .args(["--port", &port.to_string(), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"])
+            .args(extra)
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .spawn()
