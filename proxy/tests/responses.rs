@@ -302,3 +302,81 @@ fn redis_with_a_password() {
     assert_eq!(r.status, 503, "{}", r.text());
     assert!(r.text().contains("session_store_unavailable"), "{}", r.text());
 }
+
+const WP32K: &str = "[pools.canon]\ntokenizer = \"wp32k\"";
+
+/// Where the pool renders prompts exactly as its backends, a turn goes out as a token-id
+/// completion: the stored conversation's ids, then only the new items'. Tool calls are read
+/// out of the completion's text.
+#[test]
+fn token_id_turns_send_the_stored_ids_and_read_tool_calls_from_the_text() {
+    let n = std::sync::atomic::AtomicUsize::new(0);
+    let up = Scripted::start_with(move |_| {
+        let text = match n.fetch_add(1, std::sync::atomic::Ordering::Relaxed) {
+            0 => {
+                "<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Oslo\"}}\n</tool_call>"
+            }
+            _ => "It will be sunny.",
+        };
+        json!({"id": "cmpl-1", "object": "text_completion", "choices": [{"index": 0, "text": text, "finish_reason": "stop"}],
+               "usage": {"prompt_tokens": 10, "completion_tokens": 5, "total_tokens": 15}})
+    });
+    let proxy = Proxy::start(&policy("", WP32K, &["m"], &[("up", up.url())]));
+    let mut ws = Ws::connect(proxy.addr, &[]);
+    ws.send_json(
+        &json!({"type": "response.create", "model": "m", "instructions": "You are a weather agent.",
+                         "input": "Weather in Oslo?", "tools": tools()}),
+    );
+    let first = ws.turn();
+    let done = &first.last().expect("events")["response"];
+    let call = &done["output"][0];
+    assert_eq!(
+        (call["type"].as_str(), call["name"].as_str()),
+        (Some("function_call"), Some("get_weather")),
+        "{done}"
+    );
+    assert_eq!(call["arguments"], "{\"city\":\"Oslo\"}");
+    ws.send_json(&json!({"type": "response.create", "model": "m", "instructions": "You are a weather agent.",
+                         "previous_response_id": done["id"], "tools": tools(),
+                         "input": [{"type": "function_call_output", "call_id": call["call_id"], "output": "sunny"}]}));
+    let second = ws.turn();
+    assert_eq!(
+        second.last().expect("events")["response"]["output"][0]["content"][0]["text"],
+        "It will be sunny."
+    );
+
+    let heads = up.heads.lock().expect("lock").clone();
+    let bodies = up.bodies.lock().expect("lock").clone();
+    assert!(heads.iter().all(|h| h.starts_with("POST /v1/completions ")), "{heads:?}");
+    let prompt = |b: &[u8]| -> Vec<u64> {
+        serde_json::from_slice::<Value>(b).expect("json")["prompt"]
+            .as_array()
+            .expect("ids")
+            .iter()
+            .filter_map(Value::as_u64)
+            .collect()
+    };
+    let (p1, p2) = (prompt(&bodies[0]), prompt(&bodies[1]));
+    // The second prompt is the first (less its generation prompt) plus the new turns.
+    let kept = p1.len() - 4;
+    assert_eq!(p2[..kept], p1[..kept], "the stored ids come back as they were sent");
+    assert!(p2.len() > p1.len() + 20, "{} then {}", p1.len(), p2.len());
+}
+
+/// Against the bundled engine: the second turn's prompt is served from the prefix cache, as the
+/// stored ids are exactly the ones the engine computed.
+#[test]
+fn token_id_turns_hit_the_engines_prefix_cache() {
+    let e = Engine::sim("m", &[]);
+    let proxy = Proxy::start(&policy("", WP32K, &["m"], &[("e0", e.url())]));
+    let mut ws = Ws::connect(proxy.addr, &[]);
+    let system = "You are a careful assistant. ".repeat(20);
+    ws.send_json(&json!({"type": "response.create", "model": "m", "instructions": system, "input": "hello there", "max_output_tokens": 8}));
+    let first = ws.turn().last().expect("events")["response"].clone();
+    let p1 = first["usage"]["input_tokens"].as_u64().expect("usage");
+    ws.send_json(&json!({"type": "response.create", "model": "m", "instructions": system, "previous_response_id": first["id"],
+                         "input": "and again", "max_output_tokens": 8}));
+    let second = ws.turn().last().expect("events")["response"].clone();
+    let cached = second["usage"]["input_tokens_details"]["cached_tokens"].as_u64().expect("cached");
+    assert!(cached >= p1 - 16, "turn 1 had {p1} prompt tokens, turn 2 found {cached} cached: {second}");
+}

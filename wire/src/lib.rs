@@ -9,9 +9,11 @@
 //! - [`chat_template`]: the documented template that turns messages and tools into prompt text.
 //! - [`prefix`]: chained prefix block hashes over token ids (xxh3), as vLLM's prefix cache keys.
 //! - [`kv_events`]: vLLM-compatible KV cache events and their msgpack wire format.
+//! - [`tool_calls`]: Hermes `<tool_call>` blocks in generated text, whole or streaming.
 
 pub mod chat_template;
 pub mod kv_events;
 pub mod openai;
 pub mod prefix;
 pub mod tokenizer;
+pub mod tool_calls;

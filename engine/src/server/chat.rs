@@ -15,8 +15,8 @@ use warmpath_wire::openai::{
 use warmpath_wire::tokenizer::IM_END;
 
 use super::generate::{self, ChunkFormat, ResponseMeta, SamplingFields};
-use super::tool_calls::{self, CallParser, Out};
 use super::{check_model, read_body, AppState, ErrorReply};
+use warmpath_wire::tool_calls::{self, CallParser, Out};
 
 pub async fn handle(State(state): State<Arc<AppState>>, body: Body) -> Response {
     match run(state, body).await {

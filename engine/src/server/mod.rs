@@ -10,7 +10,6 @@ mod completions;
 mod generate;
 mod text;
 mod tokenize;
-mod tool_calls;
 
 use std::net::SocketAddr;
 use std::sync::Arc;

@@ -19,6 +19,7 @@ pub mod render;
 mod responses;
 mod template;
 pub mod tools;
+pub mod turns;
 pub mod volatile;
 
 use std::borrow::Cow;
@@ -57,6 +58,9 @@ pub struct Canon {
     encoder: Encoder,
     /// An external model's own chat template; `None` renders the built-in ChatML layout.
     template: Option<Arc<ChatTemplate>>,
+    /// Prompts are rendered and tokenized exactly as the backends do (the bundled engine's
+    /// tokenizer and template), so token ids can be sent in their place.
+    exact_ids: bool,
     tools: ToolCache,
     defer: Option<Deferrer>,
 }
@@ -109,6 +113,8 @@ impl Canon {
             (None, TokenizerKind::Wp32k) => Some(Tokenizer::wp32k()),
             (None, TokenizerKind::None) => None,
         };
+        // The bundled engine's tokenizer and template: what warmpath renders is what it renders.
+        let exact_ids = cfg.external.is_none() && tok.is_some();
         let encoder = match tok {
             Some(tok) => Encoder::Tokens {
                 tok,
@@ -128,6 +134,7 @@ impl Canon {
             },
             encoder,
             template: cfg.external.as_ref().and_then(|e| e.template.clone()),
+            exact_ids,
             tools: ToolCache::new(bytes / TOOL_CACHE_SHARE),
             defer: Deferrer::new(tools),
         }

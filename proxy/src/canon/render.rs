@@ -101,6 +101,17 @@ impl Encoder {
     }
 
     /// Blocks of a prompt given as token ids (`/v1/completions` accepts them).
+    /// Token ids of prompt pieces through the chunk cache; `None` without a tokenizer.
+    pub fn ids(&self, pieces: &[Piece]) -> Option<Vec<u32>> {
+        let Encoder::Tokens { tok, cache, .. } = self else { return None };
+        let mut ids = Vec::new();
+        let mut n = Lookups::default();
+        for p in pieces {
+            cache.encode_piece(tok, p, &mut ids, &mut n);
+        }
+        Some(ids)
+    }
+
     pub fn blocks_of_ids(&self, ids: &[u32], salt: Option<&str>) -> Blocks {
         let block_size = match self {
             Encoder::Tokens { block_size, .. } => *block_size,

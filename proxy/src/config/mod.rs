@@ -284,6 +284,11 @@ pub struct PoolConfig {
     /// How `/v1/responses` (HTTP and WebSocket) reaches the backends.
     #[serde(default)]
     pub responses: ResponsesMode,
+    /// Translated Responses turns go out as token-id completions where the pool renders
+    /// prompts exactly as its backends (the bundled engine's tokenizer and template, tools not
+    /// deferred): only the new items are rendered and tokenized.
+    #[serde(default = "yes")]
+    pub responses_tokens: bool,
     #[serde(default)]
     pub prefix_hash: PrefixHashConfig,
     #[serde(default)]
@@ -314,6 +319,10 @@ pub enum ResponsesMode {
     /// HTTP requests go to the backends' own `/v1/responses` as they are (backends that store
     /// responses themselves); WebSocket mode is not offered for the pool.
     Native,
+}
+
+fn yes() -> bool {
+    true
 }
 
 fn default_max_inflight() -> usize {
@@ -557,10 +566,6 @@ pub struct RuleConfig {
     pub pattern: Pattern,
     #[serde(default = "yes")]
     pub enabled: bool,
-}
-
-fn yes() -> bool {
-    true
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]

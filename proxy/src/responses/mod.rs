@@ -110,28 +110,53 @@ pub async fn run(
     head: &Head,
     transport: &'static str,
 ) -> pingora::Result<Option<Arc<Conversation>>> {
+    // Token-id completions where the pool renders prompts exactly as its backends.
+    let pool = state.router.pool_for(&turn.req.model).cloned();
+    let tokens = pool.filter(|p| p.responses_tokens && p.canon.token_turns() && turn.req.completion_ok());
     let mut tr = Translator::new(sink, Builder::new(turn.id.clone(), &turn.req));
-    if turn.req.generate {
-        let history: Vec<Value> =
-            turn.previous.as_ref().map_or_else(Vec::new, |p| p.all_items().into_iter().cloned().collect());
-        let chat = match turn.req.to_chat(&history) {
-            Ok(c) => c,
-            Err(e) => {
-                ctx.status = e.status;
-                send_error(&mut tr, &e, &[]).await?;
-                return Ok(None);
-            }
-        };
-        let head = head.for_path("/v1/chat/completions").with_session(Some(turn.session_key()));
-        let body = Bytes::from(chat);
-        forward::run(state, &mut tr, ctx, LlmRoute::Chat, body, &head).await?;
-    } else {
-        // Warm-up: an id to chain from, no output.
-        let mut h = ResponseHeader::build(200, Some(1))?;
-        h.insert_header(http::header::CONTENT_TYPE, "application/json")?;
-        tr.write_response_header(Box::new(h), false).await?;
-        tr.write_response_body(Some(Bytes::from_static(b"{\"choices\":[]}")), true).await?;
-        ctx.status = 200;
+    if tokens.is_some() {
+        tr = tr.completion();
+    }
+    let mut conversation_ids: Option<Vec<u32>> = None;
+    let prepared = match &tokens {
+        Some(p) => conversation_tokens(&p.canon, turn).and_then(|ids| {
+            let body = if turn.req.generate {
+                let tools = turn.req.chat_tools();
+                let prompt = p.canon.token_prompt(turn.req.instructions.as_deref(), &tools, &ids)?;
+                Some(turn.req.to_completion(&prompt.ids))
+            } else {
+                None
+            };
+            conversation_ids = Some(ids);
+            Ok(body.map(|b| ("/v1/completions", LlmRoute::Completions, b)))
+        }),
+        None if turn.req.generate => {
+            let history: Vec<Value> = turn
+                .previous
+                .as_ref()
+                .map_or_else(Vec::new, |p| p.all_items().into_iter().cloned().collect());
+            turn.req.to_chat(&history).map(|b| Some(("/v1/chat/completions", LlmRoute::Chat, b)))
+        }
+        None => Ok(None),
+    };
+    match prepared {
+        Err(e) => {
+            ctx.status = e.status;
+            send_error(&mut tr, &e, &[]).await?;
+            return Ok(None);
+        }
+        Ok(Some((path, route, body))) => {
+            let head = head.for_path(path).with_session(Some(turn.session_key()));
+            forward::run(state, &mut tr, ctx, route, Bytes::from(body), &head).await?;
+        }
+        Ok(None) => {
+            // Warm-up: an id to chain from, no output.
+            let mut h = ResponseHeader::build(200, Some(1))?;
+            h.insert_header(http::header::CONTENT_TYPE, "application/json")?;
+            tr.write_response_header(Box::new(h), false).await?;
+            tr.write_response_body(Some(Bytes::from_static(b"{\"choices\":[]}")), true).await?;
+            ctx.status = 200;
+        }
     }
     let outcome = tr.outcome().cloned();
     let label = match &outcome {
@@ -144,7 +169,20 @@ pub async fn run(
     let output = tr.builder.output_items();
     let stored = match outcome {
         Some(Outcome::Completed | Outcome::Incomplete(_)) => {
-            let c = Arc::new(turn.stored(output));
+            let mut c = turn.stored(output.clone());
+            if let (Some(p), Some(mut ids)) = (&tokens, conversation_ids) {
+                // The answer's turn as the template renders it, for the next prompt.
+                match request::messages_of(&output).and_then(|m| p.canon.message_ids(&m)) {
+                    Ok(out) => {
+                        ids.extend(out);
+                        c = c.with_tokens(ids);
+                    }
+                    Err(e) => {
+                        tracing::warn!(error = %e, "the answer could not be tokenized; the next turn renders it again")
+                    }
+                }
+            }
+            let c = Arc::new(c);
             if turn.req.store {
                 let result = state.sessions.put(c.clone()).await;
                 let label = if result.is_ok() { "ok" } else { "error" };
@@ -165,6 +203,20 @@ pub async fn run(
         state.metrics.client_disconnects.inc();
     }
     Ok(stored)
+}
+
+/// The conversation's token ids after this turn's input: the stored ids (or, where the
+/// predecessor kept none, its items rendered once) and the new items'.
+fn conversation_tokens(canon: &crate::canon::Canon, turn: &Turn) -> Result<Vec<u32>, ApiError> {
+    let mut ids = match &turn.previous {
+        Some(p) => match &p.tokens {
+            Some(t) => t.as_ref().clone(),
+            None => canon.message_ids(&request::messages_of(p.all_items())?)?,
+        },
+        None => Vec::new(),
+    };
+    ids.extend(canon.message_ids(&request::messages_of(&turn.req.input)?)?);
+    Ok(ids)
 }
 
 /// `POST /v1/responses`.

@@ -3,6 +3,7 @@
 
 use std::borrow::Cow;
 use std::collections::BTreeMap;
+use std::fmt::Write as _;
 
 use serde::Deserialize;
 use serde_json::value::RawValue;
@@ -258,6 +259,69 @@ impl ResponsesRequest {
         Ok(text)
     }
 
+    /// Whether the turn can go to the backend as a token-id completion: nothing a raw
+    /// completion cannot honour (a forced or forbidden tool, a response format).
+    pub fn completion_ok(&self) -> bool {
+        let choice_ok = match &self.tool_choice {
+            None => true,
+            Some(Value::String(s)) => s == "auto",
+            Some(_) => false,
+        };
+        let text_ok = self
+            .text
+            .as_ref()
+            .and_then(|t| t.get("format"))
+            .is_none_or(|f| f.get("type").and_then(Value::as_str) == Some("text"));
+        choice_ok && text_ok
+    }
+
+    /// The tools in the Chat Completions form, one JSON text each.
+    pub fn chat_tools(&self) -> Vec<String> {
+        self.tools
+            .iter()
+            .map(|t| {
+                let mut s = String::new();
+                chat_tool(t, &mut s);
+                s
+            })
+            .collect()
+    }
+
+    /// The `/v1/completions` request for a token-id prompt: the same sampling fields, always
+    /// streamed with usage.
+    pub fn to_completion(&self, prompt: &[u32]) -> String {
+        let mut body = Map::new();
+        body.insert("model".into(), json!(self.model));
+        if let Some(n) = self.max_output_tokens {
+            body.insert("max_tokens".into(), json!(n));
+        }
+        if let Some(t) = self.temperature {
+            body.insert("temperature".into(), json!(t));
+        }
+        if let Some(p) = self.top_p {
+            body.insert("top_p".into(), json!(p));
+        }
+        if let Some(s) = self.seed {
+            body.insert("seed".into(), json!(s));
+        }
+        if let Some(u) = &self.user {
+            body.insert("user".into(), json!(u));
+        }
+        body.insert("stream".into(), json!(true));
+        body.insert("stream_options".into(), json!({"include_usage": true}));
+        let mut text = Value::Object(body).to_string();
+        text.pop();
+        text.push_str(r#","prompt":["#);
+        for (i, id) in prompt.iter().enumerate() {
+            if i > 0 {
+                text.push(',');
+            }
+            let _ = write!(text, "{id}");
+        }
+        text.push_str("]}");
+        text
+    }
+
     /// The tools as one JSON array, as the client sent them.
     pub fn tools_json(&self) -> String {
         let mut out = String::with_capacity(self.tools.iter().map(|t| t.get().len() + 1).sum::<usize>() + 2);
@@ -271,6 +335,16 @@ impl ResponsesRequest {
         out.push(']');
         out
     }
+}
+
+/// Items as chat messages (JSON texts), function calls joined to the assistant message before
+/// them as [`ResponsesRequest::to_chat`] does.
+pub fn messages_of<'a>(items: impl IntoIterator<Item = &'a Value>) -> Result<Vec<String>, ApiError> {
+    let mut messages = Vec::new();
+    for item in items {
+        push_item(&mut messages, item)?;
+    }
+    Ok(messages.iter().map(Value::to_string).collect())
 }
 
 /// What an input item must look like to be translated.

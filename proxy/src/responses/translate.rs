@@ -7,6 +7,9 @@ use bytes::{Bytes, BytesMut};
 use pingora::http::ResponseHeader;
 use serde_json::Value;
 
+use serde_json::json;
+use warmpath_wire::tool_calls::{CallParser, Out};
+
 use super::events::{Builder, Event, Outcome};
 use crate::http::downstream::Downstream;
 use crate::tools::search::SseSplitter;
@@ -49,6 +52,8 @@ pub struct Translator<'s> {
     /// The terminal event, held until [`Translator::release`]: the conversation is stored
     /// first, so that a client that has it can continue anywhere at once.
     terminal: Option<Event>,
+    /// The backend answers a token-id completion: its text is read for tool calls.
+    completion: Option<(CallParser, u64)>,
 }
 
 impl<'s> Translator<'s> {
@@ -61,6 +66,45 @@ impl<'s> Translator<'s> {
             saw_done: false,
             failure: None,
             terminal: None,
+            completion: None,
+        }
+    }
+
+    /// The backend's answer is a completion (`choices[].text`), not a chat stream: tool calls
+    /// are read out of the text as the bundled template writes them.
+    pub fn completion(mut self) -> Self {
+        let prefix = self.builder.id.trim_start_matches("resp_").chars().take(12).collect::<String>();
+        self.completion = Some((CallParser::new(&prefix), 0));
+        self
+    }
+
+    /// One chunk of the backend's answer into events.
+    fn chunk(&mut self, v: &Value, out: &mut Vec<Event>) {
+        let Some((parser, calls)) = self.completion.as_mut() else {
+            self.builder.chunk(v, out);
+            return;
+        };
+        let choice = v.get("choices").and_then(|c| c.get(0));
+        let text = choice.and_then(|c| c.get("text")).and_then(Value::as_str).unwrap_or("");
+        let parsed = parser.push(text);
+        for o in parsed {
+            let delta = as_delta(o, calls);
+            self.builder.chunk(&delta, out);
+        }
+        let mut rest =
+            json!({"choices": [{"finish_reason": choice.and_then(|c| c.get("finish_reason")).cloned()}]});
+        if let Some(u) = v.get("usage") {
+            rest["usage"] = u.clone();
+        }
+        self.builder.chunk(&rest, out);
+    }
+
+    /// What a completion's parser still holds, at the end.
+    fn flush(&mut self, out: &mut Vec<Event>) {
+        let Some((parser, calls)) = self.completion.as_mut() else { return };
+        for o in parser.finish() {
+            let delta = as_delta(o, calls);
+            self.builder.chunk(&delta, out);
         }
     }
 
@@ -94,6 +138,7 @@ impl<'s> Translator<'s> {
                     self.failure = Some(("upstream_stream_error".into(), why.into()));
                 }
                 let mut out = Vec::new();
+                self.flush(&mut out);
                 self.builder.finish(self.failure.take(), &mut out);
                 self.end(out).await
             }
@@ -101,7 +146,8 @@ impl<'s> Translator<'s> {
                 let mut out = Vec::new();
                 match serde_json::from_slice::<Value>(&buf) {
                     Ok(v) if v.get("choices").is_some() => {
-                        self.builder.chunk(&v, &mut out);
+                        self.chunk(&v, &mut out);
+                        self.flush(&mut out);
                         self.builder.finish(None, &mut out);
                     }
                     _ => {
@@ -113,6 +159,19 @@ impl<'s> Translator<'s> {
             }
             State::Error(status, buf) => self.sink.error(status, buf.freeze(), &self.shown).await,
             State::Waiting | State::Done => Ok(()),
+        }
+    }
+}
+
+/// A piece of a completion's text as the chat delta it stands for.
+fn as_delta(o: Out, calls: &mut u64) -> Value {
+    match o {
+        Out::Text(t) => json!({"choices": [{"delta": {"content": t}}]}),
+        Out::Call(c) => {
+            let index = *calls;
+            *calls += 1;
+            json!({"choices": [{"delta": {"tool_calls": [{"index": index, "id": c.id, "type": "function",
+                "function": {"name": c.function.name, "arguments": c.function.arguments}}]}}]})
         }
     }
 }
@@ -168,7 +227,7 @@ impl Downstream for Translator<'_> {
                         let Ok(v) = serde_json::from_str::<Value>(&data) else { continue };
                         match stream_error(&v) {
                             Some(f) => self.failure = Some(f),
-                            None => self.builder.chunk(&v, &mut out),
+                            None => self.chunk(&v, &mut out),
                         }
                     }
                     if !out.is_empty() {

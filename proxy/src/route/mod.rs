@@ -46,6 +46,8 @@ pub struct Pool {
     pub budget: RetryBudget,
     /// `responses`: translated by warmpath, or the backends' own.
     pub responses: crate::config::ResponsesMode,
+    /// `responses_tokens`: translated turns as token-id completions where the pool can.
+    pub responses_tokens: bool,
 }
 
 /// Why no backend could be picked.
@@ -256,6 +258,7 @@ fn build_pool(pc: &PoolConfig, backends: Vec<Arc<Backend>>, cfg: &Config) -> Poo
             .then(|| crate::cache::ResponseCache::new(&pc.response_cache)),
         budget: RetryBudget::new(cfg.retry.budget_ratio.0, cfg.retry.min_retries_per_sec),
         responses: pc.responses,
+        responses_tokens: pc.responses_tokens,
     }
 }
 

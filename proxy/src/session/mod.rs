@@ -44,6 +44,9 @@ pub struct Conversation {
     pub bytes: usize,
     /// Items of the whole conversation.
     pub len: usize,
+    /// Where the pool's prompts are token ids: the whole conversation's, as rendered (no system
+    /// turn, no generation prompt). The next turn appends only its new messages' ids.
+    pub tokens: Option<Arc<Vec<u32>>>,
 }
 
 impl Conversation {
@@ -58,7 +61,24 @@ impl Conversation {
         let own: usize = items.iter().map(|i| i.to_string().len() + 1).sum();
         let root = parent.as_ref().map_or_else(|| id.clone(), |p| p.root.clone());
         let (bytes, len) = parent.as_ref().map_or((0, 0), |p| (p.bytes, p.len));
-        Conversation { id, tenant, model, root, parent, bytes: bytes + own, len: len + items.len(), items }
+        Conversation {
+            id,
+            tenant,
+            model,
+            root,
+            parent,
+            bytes: bytes + own,
+            len: len + items.len(),
+            items,
+            tokens: None,
+        }
+    }
+
+    /// The conversation's token ids (counted in its bytes).
+    pub fn with_tokens(mut self, tokens: Vec<u32>) -> Conversation {
+        self.bytes += tokens.len() * 4;
+        self.tokens = Some(Arc::new(tokens));
+        self
     }
 
     /// Every item of the conversation, oldest first.
@@ -75,7 +95,7 @@ impl Conversation {
     /// The whole conversation as one JSON document (the Redis form).
     fn to_json(&self) -> Vec<u8> {
         json!({"tenant": self.tenant.to_string(), "model": self.model, "root": self.root,
-               "items": self.all_items()})
+               "items": self.all_items(), "tokens": self.tokens.as_deref()})
         .to_string()
         .into_bytes()
     }
@@ -87,6 +107,10 @@ impl Conversation {
         let mut c =
             Conversation::new(id.to_owned(), tenant, v.get("model")?.as_str()?.to_owned(), None, items);
         c.root = v.get("root")?.as_str()?.to_owned();
+        if let Some(t) = v.get("tokens").and_then(Value::as_array) {
+            let ids: Vec<u32> = t.iter().filter_map(Value::as_u64).map(|n| n as u32).collect();
+            c = c.with_tokens(ids);
+        }
         Some(c)
     }
 }
@@ -181,6 +205,11 @@ mod tests {
         assert!(b.bytes > a.bytes);
         let back = Conversation::from_json("r2", &b.to_json()).expect("parse");
         assert_eq!((back.tenant, back.root.as_str(), back.all_items()), (7, "r1", b.all_items()));
+        assert_eq!(back.tokens, None);
+        let t =
+            Conversation::new("r3".into(), 7, "m".into(), None, vec![item("d")]).with_tokens(vec![5, 6, 7]);
+        let back = Conversation::from_json("r3", &t.to_json()).expect("parse");
+        assert_eq!(back.tokens.as_deref(), Some(&vec![5, 6, 7]));
     }
 
     #[tokio::test]

@@ -2,9 +2,10 @@
 //! `<tool_call>\n{"name": ..., "arguments": {...}}\n</tool_call>`. A model that learned the
 //! template writes them this way; like vLLM's `hermes` parser, the engine turns them into
 //! `tool_calls` (whole calls, in order) and leaves the rest as content. A block that does not
-//! hold a valid call stays content.
+//! hold a valid call stays content. The proxy reads completions it asked for with token-id
+//! prompts the same way.
 
-use warmpath_wire::openai::{FunctionCall, ToolCall};
+use crate::openai::{FunctionCall, ToolCall};
 
 const OPEN: &str = "<tool_call>";
 const CLOSE: &str = "</tool_call>";
