@@ -366,3 +366,39 @@ fn a_warm_up_gives_an_id_to_chain_from_and_no_output() {
         "the warm-up's input is in the prompt: {r}"
     );
 }
+
+/// A client that stops reading while a long answer streams: the proxy stops reading the backend
+/// (a bounded channel per turn) instead of buffering the answer, and everything arrives once
+/// the client reads again. The answer (about 30 MB of events) is far larger than the sockets'
+/// own buffers, so buffering it in the proxy would show in its memory.
+#[test]
+fn a_slow_reader_gets_backpressure_not_buffers() {
+    let e = Engine::sim("m", &["--sim-itl-ms", "0", "--max-model-len", "131072", "--kv-blocks", "8400"]);
+    let proxy = Proxy::start(&policy("", "", &["m"], &[("e0", e.url())]));
+    let rss_kb = || {
+        let status = std::fs::read_to_string(format!("/proc/{}/status", proxy.child.id())).expect("status");
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix("VmRSS:"))
+            .and_then(|v| v.trim().trim_end_matches(" kB").parse::<u64>().ok())
+            .expect("rss")
+    };
+    let mut ws = Ws::connect(proxy.addr, &[]);
+    ws.send_json(&json!({"type": "response.create", "model": "m", "input": "hi", "max_output_tokens": 8}));
+    let _ = ws.turn();
+    let before = rss_kb();
+    ws.send_json(
+        &json!({"type": "response.create", "model": "m", "input": "go on", "max_output_tokens": 120000}),
+    );
+    // The engine produces the whole answer in a few seconds; the client reads none of it.
+    let generated = |e: &Engine| metric(&e.metrics(), "vllm:generation_tokens_total").unwrap_or(0.0);
+    let done = eventually(Duration::from_secs(60), || generated(&e) >= 120_000.0);
+    // Time for the proxy to take in whatever it would take in.
+    std::thread::sleep(Duration::from_secs(3));
+    let grown = rss_kb().saturating_sub(before);
+    eprintln!("a stalled reader of a 120,000-token answer: generated {done}, proxy RSS grew {grown} kB");
+    assert!(grown < 8 * 1024, "the proxy buffered {grown} kB for a client that does not read");
+    let events = ws.turn();
+    let r = &terminal(&events)["response"];
+    assert_eq!(r["usage"]["output_tokens"], 120000, "{}", r["status"]);
+}
