@@ -380,3 +380,67 @@ fn token_id_turns_hit_the_engines_prefix_cache() {
     let cached = second["usage"]["input_tokens_details"]["cached_tokens"].as_u64().expect("cached");
     assert!(cached >= p1 - 16, "turn 1 had {p1} prompt tokens, turn 2 found {cached} cached: {second}");
 }
+
+/// Token-id turns with deferred tools: the backend sees the core tools and `tool_search`; when
+/// the model only searches, warmpath answers, appends the search and its result to the ids and
+/// calls again, and the client sees one response with the real call. The next turn's prompt
+/// starts with everything before, the search included.
+#[test]
+fn token_id_turns_answer_tool_searches_inside_the_turn() {
+    let n = std::sync::atomic::AtomicUsize::new(0);
+    let up = Scripted::start_with(move |_| {
+        let text = match n.fetch_add(1, std::sync::atomic::Ordering::Relaxed) {
+            0 => "<tool_call>\n{\"name\": \"tool_search\", \"arguments\": {\"query\": \"weather forecast\"}}\n</tool_call>",
+            1 => "<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Oslo\"}}\n</tool_call>",
+            _ => "It will be sunny.",
+        };
+        json!({"choices": [{"index": 0, "text": text, "finish_reason": "stop"}],
+               "usage": {"prompt_tokens": 100, "completion_tokens": 10, "total_tokens": 110}})
+    });
+    let pool = "[pools.canon]\nenabled = true\ntokenizer = \"wp32k\"\n[pools.tools]\ndefer = true\nthreshold = 2\ncore = [\"read_file\"]";
+    let proxy = Proxy::start(&policy("", pool, &["m"], &[("up", up.url())]));
+    let mut many = tools().as_array().expect("tools").clone();
+    for name in ["read_file", "list_dir", "run_tests"] {
+        many.push(
+            json!({"type": "function", "name": name, "description": format!("{name} on the workspace"),
+                         "parameters": {"type": "object", "properties": {"path": {"type": "string"}}}}),
+        );
+    }
+    let mut ws = Ws::connect(proxy.addr, &[]);
+    ws.send_json(
+        &json!({"type": "response.create", "model": "m", "input": "Weather in Oslo?", "tools": many}),
+    );
+    let first = ws.turn();
+    let text = serde_json::to_string(&first).expect("json");
+    assert!(!text.contains("tool_search"), "the client never sees the search: {text}");
+    let done = &first.last().expect("events")["response"];
+    assert_eq!(done["output"].as_array().map(Vec::len), Some(1), "{done}");
+    assert_eq!(done["output"][0]["name"], "get_weather", "{done}");
+    assert_eq!(done["usage"]["input_tokens"], 200, "two backend calls: {done}");
+    ws.send_json(&json!({"type": "response.create", "model": "m", "previous_response_id": done["id"], "tools": many,
+                         "input": [{"type": "function_call_output", "call_id": done["output"][0]["call_id"], "output": "sunny"}]}));
+    let second = ws.turn();
+    assert_eq!(
+        second.last().expect("events")["response"]["output"][0]["content"][0]["text"],
+        "It will be sunny."
+    );
+
+    let bodies = up.bodies.lock().expect("lock").clone();
+    assert_eq!(bodies.len(), 3, "search round, answer round, next turn");
+    let prompt = |b: &[u8]| -> Vec<u64> {
+        serde_json::from_slice::<Value>(b).expect("json")["prompt"]
+            .as_array()
+            .expect("ids")
+            .iter()
+            .filter_map(Value::as_u64)
+            .collect()
+    };
+    let (p1, p2, p3) = (prompt(&bodies[0]), prompt(&bodies[1]), prompt(&bodies[2]));
+    let k1 = p1.len() - 4;
+    assert_eq!(p2[..k1], p1[..k1], "the answer round extends the search round");
+    let k2 = p2.len() - 4;
+    assert_eq!(p3[..k2], p2[..k2], "the next turn extends both, the search included");
+    let m = proxy.metrics();
+    assert_eq!(metric(&m, "warmpath_tool_searches_total{pool=\"main\",result=\"found\"}"), Some(1.0), "{m}");
+    assert!(metric(&m, "warmpath_tools_loaded_total{pool=\"main\"}").unwrap_or(0.0) >= 1.0, "{m}");
+}

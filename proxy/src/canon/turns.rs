@@ -9,22 +9,35 @@ use warmpath_wire::openai::ApiError;
 
 use super::{render_message, Canon, Edits};
 use crate::http::request::MessageView;
+use crate::tools::search::SearchPlan;
+use crate::tools::Form;
 
-/// A turn's prompt.
-#[derive(Debug, Clone, PartialEq, Eq)]
+/// A turn's prompt around its conversation: the system turn before it, the note and the
+/// generation prompt after it.
+#[derive(Debug)]
 pub struct TokenPrompt {
-    /// The whole prompt.
-    pub ids: Vec<u32>,
-    /// Where the system turn ends in it.
-    pub system_len: usize,
+    pub system: Vec<u32>,
+    pub tail: Vec<u32>,
+    /// Set when tools were deferred: how to answer the model's `tool_search` calls.
+    pub search: Option<SearchPlan>,
+}
+
+impl TokenPrompt {
+    /// The whole prompt over `conversation`.
+    pub fn ids(&self, conversation: &[u32]) -> Vec<u32> {
+        let mut ids = Vec::with_capacity(self.system.len() + conversation.len() + self.tail.len());
+        ids.extend_from_slice(&self.system);
+        ids.extend_from_slice(conversation);
+        ids.extend_from_slice(&self.tail);
+        ids
+    }
 }
 
 impl Canon {
     /// Whether this pool's prompts can be sent as token ids: the tokenizer and template are
-    /// the bundled engine's, and no tools are deferred (the `tool_search` loop reads chat
-    /// answers).
+    /// the bundled engine's.
     pub fn token_turns(&self) -> bool {
-        self.exact_ids && self.template.is_none() && self.defer.is_none()
+        self.exact_ids && self.template.is_none()
     }
 
     /// Token ids of chat messages (JSON texts) as the template renders them, turn after turn.
@@ -38,14 +51,14 @@ impl Canon {
         self.encoder.ids(&b.finish()).ok_or_else(|| ApiError::internal("no tokenizer for token ids"))
     }
 
-    /// The prompt of a turn: the system turn from `instructions` and `tools` (Chat
-    /// Completions form, JSON text), then `conversation` (ids of the stored turns and the new
-    /// messages), the note of the instructions' volatile lines, and the generation prompt.
+    /// The prompt of a turn around its conversation: the system turn from `instructions` and
+    /// `tools` (Chat Completions form, JSON text; deferred behind `tool_search` as the pool's
+    /// `[pools.tools]` says), then the note of the instructions' volatile lines and the
+    /// generation prompt.
     pub fn token_prompt(
         &self,
         instructions: Option<&str>,
         tools: &[String],
-        conversation: &[u32],
     ) -> Result<TokenPrompt, ApiError> {
         let mut list = Vec::with_capacity(tools.len());
         for (i, t) in tools.iter().enumerate() {
@@ -58,6 +71,20 @@ impl Canon {
         if self.rewrite && self.sort_tools {
             list.sort_by(|a, b| a.name.cmp(&b.name).then_with(|| a.json.cmp(&b.json)));
         }
+        let mut search = None;
+        if let Some(d) = self.defer.as_ref().filter(|_| self.rewrite) {
+            if let Some(plan) = d.plan(&list, None, Form::Chat, &|t| self.count_tokens(t)) {
+                list = plan.kept;
+                search = Some(SearchPlan {
+                    set: plan.set,
+                    limit: d.limit,
+                    max_rounds: d.max_rounds,
+                    messages_end: 0,
+                    form: Form::Chat,
+                    native: false,
+                });
+            }
+        }
         let moved = self.split_system(instructions, &mut Edits::default());
         let system = match &moved {
             Some(m) => Some(m.kept.as_str()),
@@ -67,16 +94,14 @@ impl Canon {
         if system.is_some() || !list.is_empty() {
             head.system_turn(system, list.iter().map(|t| t.line.as_str()));
         }
-        let mut ids = self.encoder.ids(&head.finish()).ok_or_else(|| ApiError::internal("no tokenizer"))?;
-        let system_len = ids.len();
-        ids.extend_from_slice(conversation);
+        let system = self.encoder.ids(&head.finish()).ok_or_else(|| ApiError::internal("no tokenizer"))?;
         let mut tail = PromptBuilder::default();
         if let Some(m) = &moved {
             tail.turn(self.note_role, &m.lines.join("\n"), []);
         }
         tail.generation_prompt();
-        ids.extend(self.encoder.ids(&tail.finish()).unwrap_or_default());
-        Ok(TokenPrompt { ids, system_len })
+        let tail = self.encoder.ids(&tail.finish()).unwrap_or_default();
+        Ok(TokenPrompt { system, tail, search })
     }
 }
 
@@ -108,7 +133,8 @@ mod tests {
         let mut conversation = c.message_ids(&first).expect("ids");
         conversation.extend(c.message_ids(&output).expect("ids"));
         conversation.extend(c.message_ids(&next).expect("ids"));
-        let p = c.token_prompt(Some("You are a weather agent."), &tools, &conversation).expect("prompt");
+        let p = c.token_prompt(Some("You are a weather agent."), &tools).expect("prompt");
+        assert!(p.search.is_none());
 
         let msgs: Vec<ChatMessage> = serde_json::from_str(&format!(
             r#"[{{"role":"system","content":"You are a weather agent."}},{},{},{}]"#,
@@ -117,6 +143,6 @@ mod tests {
         .expect("messages");
         let chat_tools: Vec<Tool> = serde_json::from_str(r#"[{"type":"function","function":{"name":"get_weather","description":"Weather.","parameters":{"type":"object","properties":{"city":{"type":"string"}}}}}]"#).expect("tools");
         let want = render_tokens(&Tokenizer::wp32k(), &msgs, &chat_tools, true);
-        assert_eq!(p.ids, want);
+        assert_eq!(p.ids(&conversation), want);
     }
 }

@@ -169,7 +169,12 @@ impl Builder {
     /// One chat completion chunk's events.
     pub fn chunk(&mut self, chunk: &Value, out: &mut Vec<Event>) {
         if let Some(u) = chunk.get("usage").filter(|u| u.is_object()) {
-            self.usage = Some(usage(u));
+            // Summed: a turn whose tool searches warmpath answered is several backend calls.
+            let new = usage(u);
+            self.usage = Some(match self.usage.take() {
+                None => new,
+                Some(old) => sum_usage(&old, &new),
+            });
         }
         let Some(choice) = chunk.get("choices").and_then(|c| c.get(0)) else { return };
         let delta = choice.get("delta").or_else(|| choice.get("message"));
@@ -355,6 +360,18 @@ fn obj<const N: usize>(pairs: [(&str, Value); N]) -> Map<String, Value> {
 }
 
 /// Chat usage → Responses usage.
+fn sum_usage(a: &Value, b: &Value) -> Value {
+    let n = |v: &Value, p: &str| v.pointer(p).and_then(Value::as_u64).unwrap_or(0);
+    let f = |p: &str| n(a, p) + n(b, p);
+    json!({
+        "input_tokens": f("/input_tokens"),
+        "input_tokens_details": {"cached_tokens": f("/input_tokens_details/cached_tokens")},
+        "output_tokens": f("/output_tokens"),
+        "output_tokens_details": {"reasoning_tokens": 0},
+        "total_tokens": f("/total_tokens"),
+    })
+}
+
 fn usage(u: &Value) -> Value {
     let n = |v: Option<&Value>| v.and_then(Value::as_u64).unwrap_or(0);
     let input = n(u.get("prompt_tokens"));

@@ -114,49 +114,41 @@ pub async fn run(
     let pool = state.router.pool_for(&turn.req.model).cloned();
     let tokens = pool.filter(|p| p.responses_tokens && p.canon.token_turns() && turn.req.completion_ok());
     let mut tr = Translator::new(sink, Builder::new(turn.id.clone(), &turn.req));
-    if tokens.is_some() {
-        tr = tr.completion();
-    }
     let mut conversation_ids: Option<Vec<u32>> = None;
-    let prepared = match &tokens {
-        Some(p) => conversation_tokens(&p.canon, turn).and_then(|ids| {
-            let body = if turn.req.generate {
-                let tools = turn.req.chat_tools();
-                let prompt = p.canon.token_prompt(turn.req.instructions.as_deref(), &tools, &ids)?;
-                Some(turn.req.to_completion(&prompt.ids))
-            } else {
-                None
-            };
-            conversation_ids = Some(ids);
-            Ok(body.map(|b| ("/v1/completions", LlmRoute::Completions, b)))
-        }),
+    let failed = match &tokens {
+        Some(p) => {
+            tr = tr.completion();
+            match token_turn(state, &mut tr, ctx, p, turn, head).await? {
+                Ok(ids) => {
+                    conversation_ids = Some(ids);
+                    None
+                }
+                Err(e) => Some(e),
+            }
+        }
         None if turn.req.generate => {
             let history: Vec<Value> = turn
                 .previous
                 .as_ref()
                 .map_or_else(Vec::new, |p| p.all_items().into_iter().cloned().collect());
-            turn.req.to_chat(&history).map(|b| Some(("/v1/chat/completions", LlmRoute::Chat, b)))
+            match turn.req.to_chat(&history) {
+                Ok(body) => {
+                    let head = head.for_path("/v1/chat/completions").with_session(Some(turn.session_key()));
+                    forward::run(state, &mut tr, ctx, LlmRoute::Chat, Bytes::from(body), &head).await?;
+                    None
+                }
+                Err(e) => Some(e),
+            }
         }
-        None => Ok(None),
+        None => {
+            warm_up(&mut tr, ctx).await?;
+            None
+        }
     };
-    match prepared {
-        Err(e) => {
-            ctx.status = e.status;
-            send_error(&mut tr, &e, &[]).await?;
-            return Ok(None);
-        }
-        Ok(Some((path, route, body))) => {
-            let head = head.for_path(path).with_session(Some(turn.session_key()));
-            forward::run(state, &mut tr, ctx, route, Bytes::from(body), &head).await?;
-        }
-        Ok(None) => {
-            // Warm-up: an id to chain from, no output.
-            let mut h = ResponseHeader::build(200, Some(1))?;
-            h.insert_header(http::header::CONTENT_TYPE, "application/json")?;
-            tr.write_response_header(Box::new(h), false).await?;
-            tr.write_response_body(Some(Bytes::from_static(b"{\"choices\":[]}")), true).await?;
-            ctx.status = 200;
-        }
+    if let Some(e) = failed {
+        ctx.status = e.status;
+        send_error(&mut tr, &e, &[]).await?;
+        return Ok(None);
     }
     let outcome = tr.outcome().cloned();
     let label = match &outcome {
@@ -203,6 +195,76 @@ pub async fn run(
         state.metrics.client_disconnects.inc();
     }
     Ok(stored)
+}
+
+/// A warm-up (`generate: false`): the response completes at once, with no output.
+async fn warm_up(tr: &mut Translator<'_>, ctx: &mut RequestCtx) -> pingora::Result<()> {
+    let mut h = ResponseHeader::build(200, Some(1))?;
+    h.insert_header(http::header::CONTENT_TYPE, "application/json")?;
+    tr.write_response_header(Box::new(h), false).await?;
+    tr.write_response_body(Some(Bytes::from_static(b"{\"choices\":[]}")), true).await?;
+    ctx.status = 200;
+    Ok(())
+}
+
+/// A turn as token-id completions: the prompt is the system turn, the conversation's ids and
+/// the tail; where tools are deferred and the model only searched, warmpath answers, appends
+/// the search and its result to the conversation and calls again. Returns the conversation's
+/// ids before the answer (the caller appends the answer's), or the client's error.
+async fn token_turn(
+    state: &AppState,
+    tr: &mut Translator<'_>,
+    ctx: &mut RequestCtx,
+    pool: &crate::route::Pool,
+    turn: &Turn,
+    head: &Head,
+) -> pingora::Result<Result<Vec<u32>, ApiError>> {
+    let mut ids = match conversation_tokens(&pool.canon, turn) {
+        Ok(ids) => ids,
+        Err(e) => return Ok(Err(e)),
+    };
+    if !turn.req.generate {
+        warm_up(tr, ctx).await?;
+        return Ok(Ok(ids));
+    }
+    let prompt = match pool.canon.token_prompt(turn.req.instructions.as_deref(), &turn.req.chat_tools()) {
+        Ok(p) => p,
+        Err(e) => return Ok(Err(e)),
+    };
+    if prompt.search.is_some() {
+        tr.hide();
+    }
+    let head = head.for_path("/v1/completions").with_session(Some(turn.session_key()));
+    let mut rounds = 0;
+    loop {
+        let body = Bytes::from(turn.req.to_completion(&prompt.ids(&ids)));
+        forward::run(state, tr, ctx, LlmRoute::Completions, body, &head).await?;
+        let (text, calls) = tr.take_searches();
+        let Some(plan) = prompt.search.as_ref().filter(|_| !calls.is_empty()) else { break };
+        if rounds >= plan.max_rounds || tr.outcome().is_some() {
+            tr.close().await?;
+            break;
+        }
+        let t = std::time::Instant::now();
+        let answer = plan.answer(Some(text.as_str()).filter(|t| !t.is_empty()), &calls);
+        let m = &state.metrics;
+        m.tool_search_duration.with_label_values(&[&pool.name]).observe(t.elapsed().as_secs_f64());
+        m.tool_searches
+            .with_label_values(&[&pool.name, "found"])
+            .inc_by((calls.len() - answer.empty_searches) as u64);
+        m.tool_searches.with_label_values(&[&pool.name, "empty"]).inc_by(answer.empty_searches as u64);
+        m.tools_loaded.with_label_values(&[&pool.name]).inc_by(answer.loaded as u64);
+        match pool.canon.message_ids(&answer.messages) {
+            Ok(more) => ids.extend(more),
+            Err(e) => {
+                tracing::warn!(error = %e, "a tool_search answer could not be tokenized");
+                tr.close().await?;
+                break;
+            }
+        }
+        rounds += 1;
+    }
+    Ok(Ok(ids))
 }
 
 /// The conversation's token ids after this turn's input: the stored ids (or, where the

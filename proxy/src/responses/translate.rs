@@ -12,7 +12,9 @@ use warmpath_wire::tool_calls::{CallParser, Out};
 
 use super::events::{Builder, Event, Outcome};
 use crate::http::downstream::Downstream;
+use crate::tools::search::SearchCall;
 use crate::tools::search::SseSplitter;
+use crate::tools::SEARCH_TOOL;
 
 /// Largest whole (non-streamed) chat answer or error body read.
 const MAX_WHOLE: usize = 64 << 20;
@@ -54,6 +56,14 @@ pub struct Translator<'s> {
     terminal: Option<Event>,
     /// The backend answers a token-id completion: its text is read for tool calls.
     completion: Option<(CallParser, u64)>,
+    /// Tools were deferred: `tool_search` calls are kept from the client, for warmpath to
+    /// answer and call the backend again within the same response.
+    hide_searches: bool,
+    searches: Vec<SearchCall>,
+    /// Text the model wrote in this backend call.
+    round_text: String,
+    /// The response began (its opening events are out): later backend calls continue it.
+    started: bool,
 }
 
 impl<'s> Translator<'s> {
@@ -67,7 +77,32 @@ impl<'s> Translator<'s> {
             failure: None,
             terminal: None,
             completion: None,
+            hide_searches: false,
+            searches: Vec::new(),
+            round_text: String::new(),
+            started: false,
         }
+    }
+
+    /// `tool_search` calls are warmpath's to answer (see [`Translator::take_searches`]).
+    pub fn hide(&mut self) {
+        self.hide_searches = true;
+    }
+
+    /// The searches of the backend call that just ended, and the text the model wrote in it.
+    /// While there are some, the response stays open for the next call.
+    pub fn take_searches(&mut self) -> (String, Vec<SearchCall>) {
+        (std::mem::take(&mut self.round_text), std::mem::take(&mut self.searches))
+    }
+
+    /// Ends a response held open for searches that will not be answered (rounds used up).
+    pub async fn close(&mut self) -> pingora::Result<()> {
+        if self.builder.outcome().is_some() || !self.started {
+            return Ok(());
+        }
+        let mut out = Vec::new();
+        self.builder.finish(None, &mut out);
+        self.end(out).await
     }
 
     /// The backend's answer is a completion (`choices[].text`), not a chat stream: tool calls
@@ -88,8 +123,18 @@ impl<'s> Translator<'s> {
         let text = choice.and_then(|c| c.get("text")).and_then(Value::as_str).unwrap_or("");
         let parsed = parser.push(text);
         for o in parsed {
-            let delta = as_delta(o, calls);
-            self.builder.chunk(&delta, out);
+            match o {
+                Out::Call(c) if self.hide_searches && c.function.name == SEARCH_TOOL => {
+                    self.searches.push(SearchCall { id: c.id, arguments: c.function.arguments });
+                }
+                o => {
+                    if let Out::Text(t) = &o {
+                        self.round_text.push_str(t);
+                    }
+                    let delta = as_delta(o, calls);
+                    self.builder.chunk(&delta, out);
+                }
+            }
         }
         let mut rest =
             json!({"choices": [{"finish_reason": choice.and_then(|c| c.get("finish_reason")).cloned()}]});
@@ -103,6 +148,9 @@ impl<'s> Translator<'s> {
     fn flush(&mut self, out: &mut Vec<Event>) {
         let Some((parser, calls)) = self.completion.as_mut() else { return };
         for o in parser.finish() {
+            if let Out::Text(t) = &o {
+                self.round_text.push_str(t);
+            }
             let delta = as_delta(o, calls);
             self.builder.chunk(&delta, out);
         }
@@ -139,6 +187,11 @@ impl<'s> Translator<'s> {
                 }
                 let mut out = Vec::new();
                 self.flush(&mut out);
+                if !self.searches.is_empty() && self.failure.is_none() {
+                    // The model only searched: warmpath answers and calls again.
+                    self.state = State::Waiting;
+                    return if out.is_empty() { Ok(()) } else { self.sink.events(out, false).await };
+                }
                 self.builder.finish(self.failure.take(), &mut out);
                 self.end(out).await
             }
@@ -148,6 +201,10 @@ impl<'s> Translator<'s> {
                     Ok(v) if v.get("choices").is_some() => {
                         self.chunk(&v, &mut out);
                         self.flush(&mut out);
+                        if !self.searches.is_empty() {
+                            self.state = State::Waiting;
+                            return if out.is_empty() { Ok(()) } else { self.sink.events(out, false).await };
+                        }
                         self.builder.finish(None, &mut out);
                     }
                     _ => {
@@ -198,12 +255,21 @@ impl Downstream for Translator<'_> {
             .headers
             .get(http::header::CONTENT_TYPE)
             .is_some_and(|v| v.as_bytes().starts_with(b"text/event-stream"));
+        self.saw_done = false;
         self.state = match (status, sse) {
             (200, true) => State::Stream(SseSplitter::default()),
             (200, false) => State::Whole(BytesMut::new()),
+            // A later backend call of a response already under way: it fails as a broken
+            // stream does.
+            _ if self.started => {
+                let why = format!("the backend answered a tool_search round with {status}");
+                self.failure = Some(("upstream_error".into(), why));
+                State::Stream(SseSplitter::default())
+            }
             _ => State::Error(status, BytesMut::new()),
         };
-        if status == 200 {
+        if status == 200 && !self.started {
+            self.started = true;
             self.sink.begin(&self.shown).await?;
             let start = self.builder.start();
             self.sink.events(start, false).await?;
