@@ -333,15 +333,7 @@ pub async fn sessions(
             })
         })
         .collect();
-    let mut outs = vec![Outcome::default(); n];
-    for t in tasks {
-        if let Ok(v) = t.await {
-            for (i, o) in v {
-                outs[i] = o;
-            }
-        }
-    }
-    outs
+    gather(n, tasks).await
 }
 
 /// The agent workload over Responses WebSocket mode: one connection per session, each turn only
@@ -429,6 +421,11 @@ pub async fn ws_sessions(
             })
         })
         .collect();
+    gather(n, tasks).await
+}
+
+/// The sessions' outcomes, in request order.
+async fn gather(n: usize, tasks: Vec<tokio::task::JoinHandle<Vec<(usize, Outcome)>>>) -> Vec<Outcome> {
     let mut outs = vec![Outcome::default(); n];
     for t in tasks {
         if let Ok(v) = t.await {

@@ -42,24 +42,8 @@ impl WsClient {
     }
 
     pub async fn send_text(&mut self, text: &str) -> anyhow::Result<()> {
-        let p = text.as_bytes();
         self.mask = self.mask.rotate_left(7) ^ 0x9e37_79b9;
-        let mask = self.mask.to_be_bytes();
-        let mut out = Vec::with_capacity(p.len() + 14);
-        out.push(0x81);
-        match p.len() {
-            n if n < 126 => out.push(0x80 | n as u8),
-            n if n <= 0xFFFF => {
-                out.push(0x80 | 126);
-                out.extend_from_slice(&(n as u16).to_be_bytes());
-            }
-            n => {
-                out.push(0x80 | 127);
-                out.extend_from_slice(&(n as u64).to_be_bytes());
-            }
-        }
-        out.extend_from_slice(&mask);
-        out.extend(p.iter().enumerate().map(|(i, b)| b ^ mask[i % 4]));
+        let out = warmpath::ws::frame::masked(true, 0x1, text.as_bytes(), self.mask.to_be_bytes());
         self.stream.write_all(&out).await?;
         self.written += out.len();
         Ok(())

@@ -63,13 +63,7 @@ fn the_openai_sdk_raises_on_a_stream_cut_by_the_backend() {
 #[test]
 fn the_openai_sdk_runs_a_tool_calling_conversation_over_websocket_and_http() {
     let dir = TempDir::new();
-    let path = dir.path().join("script.json");
-    let rules = serde_json::json!([
-        {"when": "", "reply": "<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Oslo\"}}\n</tool_call>"},
-        {"when": "sunny in Oslo", "reply": "It will be sunny."},
-    ]);
-    std::fs::write(&path, rules.to_string()).expect("script");
-    let e = Engine::sim("m", &["--script", &path.display().to_string()]);
+    let e = Engine::sim("m", &["--script", &weather_script(&dir)]);
     let proxy = Proxy::start(&policy("", "", &["m"], &[("e0", e.url())]));
     let v = run_script("openai_responses.py", &format!("http://{}/v1", proxy.addr), "m", &[]);
     let kinds: Vec<&str> =

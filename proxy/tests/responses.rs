@@ -7,21 +7,6 @@ mod common;
 use common::*;
 use serde_json::{json, Value};
 
-fn script(dir: &TempDir) -> String {
-    let path = dir.path().join("script.json");
-    let rules = json!([
-        {"when": "", "reply": "<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Oslo\"}}\n</tool_call>"},
-        {"when": "sunny in Oslo", "reply": "It will be sunny."},
-    ]);
-    std::fs::write(&path, rules.to_string()).expect("script");
-    path.display().to_string()
-}
-
-fn tools() -> Value {
-    json!([{"type": "function", "name": "get_weather", "description": "The weather forecast for a city.",
-            "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}])
-}
-
 fn post_with_key(proxy: &Proxy, key: &str, body: &Value) -> Resp {
     let auth = format!("Bearer {key}");
     let bytes = body.to_string();
@@ -37,10 +22,10 @@ fn post_with_key(proxy: &Proxy, key: &str, body: &Value) -> Resp {
 #[test]
 fn a_tool_calling_conversation_continues_from_the_store() {
     let dir = TempDir::new();
-    let e = Engine::sim("m", &["--script", &script(&dir)]);
+    let e = Engine::sim("m", &["--script", &weather_script(&dir)]);
     let proxy = Proxy::start(&policy("", "", &["m"], &[("e0", e.url())]));
     let first = json!({"model": "m", "instructions": "You are a weather agent.",
-                       "input": "What will the weather be in Oslo tomorrow?", "tools": tools(), "max_output_tokens": 64});
+                       "input": "What will the weather be in Oslo tomorrow?", "tools": weather_tools(), "max_output_tokens": 64});
     let r = post_with_key(&proxy, "k1", &first);
     assert_eq!(r.status, 200, "{}", r.text());
     assert_eq!(r.header("x-warmpath-backend"), Some("e0"));
@@ -62,7 +47,7 @@ fn a_tool_calling_conversation_continues_from_the_store() {
 
     // The next turn sends only the tool's result: the conversation comes from the store.
     let next = json!({"model": "m", "instructions": "You are a weather agent.", "previous_response_id": id,
-                      "tools": tools(), "max_output_tokens": 64,
+                      "tools": weather_tools(), "max_output_tokens": 64,
                       "input": [{"type": "function_call_output", "call_id": call["call_id"], "output": "sunny in Oslo, 21 C"}]});
     let v2 = post_with_key(&proxy, "k1", &next).json();
     assert_eq!(v2["output"][0]["type"], "message", "{v2}");
@@ -217,20 +202,20 @@ fn redis_policy(redis: &RedisServer) -> String {
 #[test]
 fn a_conversation_continues_on_another_replica_through_redis() {
     let dir = TempDir::new();
-    let e = Engine::sim("m", &["--script", &script(&dir)]);
+    let e = Engine::sim("m", &["--script", &weather_script(&dir)]);
     let redis = RedisServer::start();
     let a = Proxy::start(&policy(&redis_policy(&redis), "", &["m"], &[("e0", e.url())]));
     let b = Proxy::start(&policy(&redis_policy(&redis), "", &["m"], &[("e0", e.url())]));
 
     let mut ws = Ws::connect(a.addr, &[("authorization", "Bearer k1")]);
-    ws.send_json(&json!({"type": "response.create", "model": "m", "input": "What will the weather be in Oslo tomorrow?", "tools": tools()}));
+    ws.send_json(&json!({"type": "response.create", "model": "m", "input": "What will the weather be in Oslo tomorrow?", "tools": weather_tools()}));
     let done = ws.turn().last().expect("events")["response"].clone();
     assert_eq!(done["status"], "completed", "{done}");
     drop(ws);
 
     let call = &done["output"][0];
     let next = |prev: &Value| {
-        json!({"type": "response.create", "model": "m", "previous_response_id": prev, "tools": tools(),
+        json!({"type": "response.create", "model": "m", "previous_response_id": prev, "tools": weather_tools(),
                "input": [{"type": "function_call_output", "call_id": call["call_id"], "output": "sunny in Oslo"}]})
     };
     let mut other = Ws::connect(b.addr, &[("authorization", "Bearer k2")]);
@@ -325,7 +310,7 @@ fn token_id_turns_send_the_stored_ids_and_read_tool_calls_from_the_text() {
     let mut ws = Ws::connect(proxy.addr, &[]);
     ws.send_json(
         &json!({"type": "response.create", "model": "m", "instructions": "You are a weather agent.",
-                         "input": "Weather in Oslo?", "tools": tools()}),
+                         "input": "Weather in Oslo?", "tools": weather_tools()}),
     );
     let first = ws.turn();
     let done = &first.last().expect("events")["response"];
@@ -337,7 +322,7 @@ fn token_id_turns_send_the_stored_ids_and_read_tool_calls_from_the_text() {
     );
     assert_eq!(call["arguments"], "{\"city\":\"Oslo\"}");
     ws.send_json(&json!({"type": "response.create", "model": "m", "instructions": "You are a weather agent.",
-                         "previous_response_id": done["id"], "tools": tools(),
+                         "previous_response_id": done["id"], "tools": weather_tools(),
                          "input": [{"type": "function_call_output", "call_id": call["call_id"], "output": "sunny"}]}));
     let second = ws.turn();
     assert_eq!(
@@ -399,7 +384,7 @@ fn token_id_turns_answer_tool_searches_inside_the_turn() {
     });
     let pool = "[pools.canon]\nenabled = true\ntokenizer = \"wp32k\"\n[pools.tools]\ndefer = true\nthreshold = 2\ncore = [\"read_file\"]";
     let proxy = Proxy::start(&policy("", pool, &["m"], &[("up", up.url())]));
-    let mut many = tools().as_array().expect("tools").clone();
+    let mut many = weather_tools().as_array().expect("tools").clone();
     for name in ["read_file", "list_dir", "run_tests"] {
         many.push(
             json!({"type": "function", "name": name, "description": format!("{name} on the workspace"),

@@ -9,21 +9,6 @@ use std::time::Duration;
 use common::*;
 use serde_json::{json, Value};
 
-fn script(dir: &TempDir) -> String {
-    let path = dir.path().join("script.json");
-    let rules = json!([
-        {"when": "", "reply": "<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Oslo\"}}\n</tool_call>"},
-        {"when": "sunny in Oslo", "reply": "It will be sunny."},
-    ]);
-    std::fs::write(&path, rules.to_string()).expect("script");
-    path.display().to_string()
-}
-
-fn tools() -> Value {
-    json!([{"type": "function", "name": "get_weather", "description": "The weather forecast for a city.",
-            "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}])
-}
-
 fn kinds(events: &[Value]) -> Vec<&str> {
     events.iter().filter_map(|e| e["type"].as_str()).collect()
 }
@@ -35,12 +20,12 @@ fn terminal(events: &[Value]) -> &Value {
 #[test]
 fn a_tool_calling_conversation_over_one_connection_sends_only_new_items() {
     let dir = TempDir::new();
-    let e = Engine::sim("m", &["--script", &script(&dir)]);
+    let e = Engine::sim("m", &["--script", &weather_script(&dir)]);
     let proxy = Proxy::start(&policy("", "", &["m"], &[("e0", e.url())]));
     let mut ws = Ws::connect(proxy.addr, &[("authorization", "Bearer k1")]);
 
     ws.send_json(&json!({"type": "response.create", "model": "m", "instructions": "You are a weather agent.",
-                         "input": "What will the weather be in Oslo tomorrow?", "tools": tools(), "store": false}));
+                         "input": "What will the weather be in Oslo tomorrow?", "tools": weather_tools(), "store": false}));
     let first = ws.turn();
     let k = kinds(&first);
     assert_eq!(k[..2], ["response.created", "response.in_progress"], "{k:?}");
@@ -63,7 +48,7 @@ fn a_tool_calling_conversation_over_one_connection_sends_only_new_items() {
 
     // Only the new item: the connection holds the rest (even unstored).
     ws.send_json(&json!({"type": "response.create", "model": "m", "instructions": "You are a weather agent.",
-                         "previous_response_id": id, "tools": tools(), "store": false,
+                         "previous_response_id": id, "tools": weather_tools(), "store": false,
                          "input": [{"type": "function_call_output", "call_id": call["call_id"], "output": "sunny in Oslo"}]}));
     let second = ws.turn();
     let done2 = &terminal(&second)["response"];

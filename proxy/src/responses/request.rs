@@ -222,6 +222,30 @@ impl ResponsesRequest {
         if let Some(p) = self.parallel_tool_calls {
             body.insert("parallel_tool_calls".into(), json!(p));
         }
+        self.sampling(&mut body);
+        if let Some(f) = self.text.as_ref().and_then(|t| t.get("format")) {
+            if let Some(rf) = response_format(f) {
+                body.insert("response_format".into(), rf);
+            }
+        }
+        let mut text = Value::Object(body).to_string();
+        if !self.tools.is_empty() {
+            text.pop();
+            text.push_str(r#","tools":["#);
+            for (i, t) in self.tools.iter().enumerate() {
+                if i > 0 {
+                    text.push(',');
+                }
+                chat_tool(t, &mut text);
+            }
+            text.push_str("]}");
+        }
+        Ok(text)
+    }
+
+    /// The sampling fields both request forms share, and the stream with usage that the
+    /// translation reads.
+    fn sampling(&self, body: &mut Map<String, Value>) {
         if let Some(n) = self.max_output_tokens {
             body.insert("max_tokens".into(), json!(n));
         }
@@ -237,26 +261,8 @@ impl ResponsesRequest {
         if let Some(u) = &self.user {
             body.insert("user".into(), json!(u));
         }
-        if let Some(f) = self.text.as_ref().and_then(|t| t.get("format")) {
-            if let Some(rf) = response_format(f) {
-                body.insert("response_format".into(), rf);
-            }
-        }
         body.insert("stream".into(), json!(true));
         body.insert("stream_options".into(), json!({"include_usage": true}));
-        let mut text = Value::Object(body).to_string();
-        if !self.tools.is_empty() {
-            text.pop();
-            text.push_str(r#","tools":["#);
-            for (i, t) in self.tools.iter().enumerate() {
-                if i > 0 {
-                    text.push(',');
-                }
-                chat_tool(t, &mut text);
-            }
-            text.push_str("]}");
-        }
-        Ok(text)
     }
 
     /// Whether the turn can go to the backend as a token-id completion: nothing a raw
@@ -292,23 +298,7 @@ impl ResponsesRequest {
     pub fn to_completion(&self, prompt: &[u32]) -> String {
         let mut body = Map::new();
         body.insert("model".into(), json!(self.model));
-        if let Some(n) = self.max_output_tokens {
-            body.insert("max_tokens".into(), json!(n));
-        }
-        if let Some(t) = self.temperature {
-            body.insert("temperature".into(), json!(t));
-        }
-        if let Some(p) = self.top_p {
-            body.insert("top_p".into(), json!(p));
-        }
-        if let Some(s) = self.seed {
-            body.insert("seed".into(), json!(s));
-        }
-        if let Some(u) = &self.user {
-            body.insert("user".into(), json!(u));
-        }
-        body.insert("stream".into(), json!(true));
-        body.insert("stream_options".into(), json!({"include_usage": true}));
+        self.sampling(&mut body);
         let mut text = Value::Object(body).to_string();
         text.pop();
         text.push_str(r#","prompt":["#);

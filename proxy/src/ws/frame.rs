@@ -191,22 +191,37 @@ fn close(payload: &[u8]) -> Result<Message, Violation> {
     }
 }
 
-/// A server frame (never masked, never fragmented).
-pub fn encode(opcode: u8, payload: &[u8]) -> Vec<u8> {
-    let mut out = Vec::with_capacity(payload.len() + 10);
-    out.push(0x80 | opcode);
-    match payload.len() {
-        n if n < 126 => out.push(n as u8),
+/// A frame's header: FIN, opcode, the mask bit and the payload length in its shortest form.
+fn header(out: &mut Vec<u8>, fin: bool, opcode: u8, len: usize, masked: bool) {
+    out.push(if fin { 0x80 } else { 0 } | opcode);
+    let m = if masked { 0x80 } else { 0 };
+    match len {
+        n if n < 126 => out.push(m | n as u8),
         n if n <= 0xFFFF => {
-            out.push(126);
+            out.push(m | 126);
             out.extend_from_slice(&(n as u16).to_be_bytes());
         }
         n => {
-            out.push(127);
+            out.push(m | 127);
             out.extend_from_slice(&(n as u64).to_be_bytes());
         }
     }
+}
+
+/// A server frame (never masked, never fragmented).
+pub fn encode(opcode: u8, payload: &[u8]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(payload.len() + 10);
+    header(&mut out, true, opcode, payload.len(), false);
     out.extend_from_slice(payload);
+    out
+}
+
+/// A client frame, masked with `mask`: what the tests and the benchmark's client send.
+pub fn masked(fin: bool, opcode: u8, payload: &[u8], mask: [u8; 4]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(payload.len() + 14);
+    header(&mut out, fin, opcode, payload.len(), true);
+    out.extend_from_slice(&mask);
+    out.extend(payload.iter().enumerate().map(|(i, b)| b ^ mask[i % 4]));
     out
 }
 
@@ -223,22 +238,8 @@ pub fn close_frame(code: u16, reason: &str) -> Vec<u8> {
 
 #[cfg(test)]
 pub(crate) fn client_frame(fin: bool, opcode: u8, payload: &[u8]) -> Vec<u8> {
-    let mask = [0x37, 0xfa, 0x21, 0x3d];
-    let mut out = vec![if fin { 0x80 } else { 0 } | opcode];
-    match payload.len() {
-        n if n < 126 => out.push(0x80 | n as u8),
-        n if n <= 0xFFFF => {
-            out.push(0x80 | 126);
-            out.extend_from_slice(&(n as u16).to_be_bytes());
-        }
-        n => {
-            out.push(0x80 | 127);
-            out.extend_from_slice(&(n as u64).to_be_bytes());
-        }
-    }
-    out.extend_from_slice(&mask);
-    out.extend(payload.iter().enumerate().map(|(i, b)| b ^ mask[i % 4]));
-    out
+    // RFC 6455 §5.7's example mask.
+    masked(fin, opcode, payload, [0x37, 0xfa, 0x21, 0x3d])
 }
 
 #[cfg(test)]

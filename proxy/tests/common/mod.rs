@@ -578,21 +578,7 @@ impl Ws {
 
     /// Sends one masked frame.
     pub fn send_frame(&mut self, fin: bool, opcode: u8, payload: &[u8]) {
-        let mask = [0x5a, 0x13, 0xc4, 0x7e];
-        let mut out = vec![if fin { 0x80 } else { 0 } | opcode];
-        match payload.len() {
-            n if n < 126 => out.push(0x80 | n as u8),
-            n if n <= 0xFFFF => {
-                out.push(0x80 | 126);
-                out.extend_from_slice(&(n as u16).to_be_bytes());
-            }
-            n => {
-                out.push(0x80 | 127);
-                out.extend_from_slice(&(n as u64).to_be_bytes());
-            }
-        }
-        out.extend_from_slice(&mask);
-        out.extend(payload.iter().enumerate().map(|(i, b)| b ^ mask[i % 4]));
+        let out = warmpath::ws::frame::masked(fin, opcode, payload, [0x5a, 0x13, 0xc4, 0x7e]);
         self.stream.write_all(&out).expect("send frame");
     }
 
@@ -701,4 +687,22 @@ impl Drop for RedisServer {
     fn drop(&mut self) {
         self.kill();
     }
+}
+
+/// An engine script for a weather agent (`--script`): any turn calls `get_weather` for Oslo;
+/// once the tool's result (`sunny in Oslo`) is in the prompt, the model answers.
+pub fn weather_script(dir: &TempDir) -> String {
+    let path = dir.path().join("script.json");
+    let rules = serde_json::json!([
+        {"when": "", "reply": "<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Oslo\"}}\n</tool_call>"},
+        {"when": "sunny in Oslo", "reply": "It will be sunny."},
+    ]);
+    std::fs::write(&path, rules.to_string()).expect("script");
+    path.display().to_string()
+}
+
+/// The weather agent's one tool, in the Responses form.
+pub fn weather_tools() -> serde_json::Value {
+    serde_json::json!([{"type": "function", "name": "get_weather", "description": "The weather forecast for a city.",
+            "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}])
 }
