@@ -169,12 +169,7 @@ impl Builder {
     /// One chat completion chunk's events.
     pub fn chunk(&mut self, chunk: &Value, out: &mut Vec<Event>) {
         if let Some(u) = chunk.get("usage").filter(|u| u.is_object()) {
-            // Summed: a turn whose tool searches warmpath answered is several backend calls.
-            let new = usage(u);
-            self.usage = Some(match self.usage.take() {
-                None => new,
-                Some(old) => sum_usage(&old, &new),
-            });
+            self.add_usage(u);
         }
         let Some(choice) = chunk.get("choices").and_then(|c| c.get(0)) else { return };
         let delta = choice.get("delta").or_else(|| choice.get("message"));
@@ -185,15 +180,38 @@ impl Builder {
         }
         if let Some(calls) = delta.and_then(|d| d.get("tool_calls")).and_then(Value::as_array) {
             for (k, c) in calls.iter().enumerate() {
-                self.call(c, k as u64, out);
+                let f = c.get("function");
+                self.call(
+                    c.get("index").and_then(Value::as_u64).unwrap_or(k as u64),
+                    c.get("id").and_then(Value::as_str),
+                    f.and_then(|f| f.get("name")).and_then(Value::as_str),
+                    f.and_then(|f| f.get("arguments")).and_then(Value::as_str).unwrap_or(""),
+                    out,
+                );
             }
         }
         if let Some(f) = choice.get("finish_reason").and_then(Value::as_str) {
-            self.finish = Some(f.to_owned());
+            self.finish_reason(f);
         }
     }
 
-    fn text(&mut self, text: &str, out: &mut Vec<Event>) {
+    /// Why the backend stopped (`stop`, `length`, `tool_calls`, `content_filter`).
+    pub fn finish_reason(&mut self, reason: &str) {
+        self.finish = Some(reason.to_owned());
+    }
+
+    /// A backend usage object (chat or completions form), summed: a turn whose tool searches
+    /// warmpath answered is several backend calls.
+    pub fn add_usage(&mut self, u: &Value) {
+        let new = usage(u);
+        self.usage = Some(match self.usage.take() {
+            None => new,
+            Some(old) => sum_usage(&old, &new),
+        });
+    }
+
+    /// Output text, appended to the open message (opened first where none is).
+    pub fn text(&mut self, text: &str, out: &mut Vec<Event>) {
         let open = matches!(self.items.last(), Some(Item::Message { open: true, .. }));
         if !open {
             self.close_open(out);
@@ -233,13 +251,16 @@ impl Builder {
         out.push(e);
     }
 
-    /// A tool call delta: `index` keys the call; id and name come first, then argument
-    /// fragments.
-    fn call(&mut self, c: &Value, position: u64, out: &mut Vec<Event>) {
-        let chat_index = c.get("index").and_then(Value::as_u64).unwrap_or(position);
-        let f = c.get("function");
-        let name = f.and_then(|f| f.get("name")).and_then(Value::as_str);
-        let args = f.and_then(|f| f.get("arguments")).and_then(Value::as_str).unwrap_or("");
+    /// A tool call delta: `chat_index` keys the call; its id and name come with the first
+    /// delta, then argument fragments (a whole call is one delta).
+    pub fn call(
+        &mut self,
+        chat_index: u64,
+        call_id: Option<&str>,
+        name: Option<&str>,
+        args: &str,
+        out: &mut Vec<Event>,
+    ) {
         let at = self
             .items
             .iter()
@@ -248,8 +269,7 @@ impl Builder {
             Some(i) => i,
             None => {
                 self.close_open(out);
-                let call_id =
-                    c.get("id").and_then(Value::as_str).map_or_else(|| new_id("call_"), str::to_owned);
+                let call_id = call_id.map_or_else(|| new_id("call_"), str::to_owned);
                 self.items.push(Item::Call {
                     id: new_id("fc_"),
                     chat_index,

@@ -7,7 +7,6 @@ use bytes::{Bytes, BytesMut};
 use pingora::http::ResponseHeader;
 use serde_json::Value;
 
-use serde_json::json;
 use warmpath_wire::tool_calls::{CallParser, Out};
 
 use super::events::{Builder, Event, Outcome};
@@ -127,32 +126,22 @@ impl<'s> Translator<'s> {
                 Out::Call(c) if self.hide_searches && c.function.name == SEARCH_TOOL => {
                     self.searches.push(SearchCall { id: c.id, arguments: c.function.arguments });
                 }
-                o => {
-                    if let Out::Text(t) = &o {
-                        self.round_text.push_str(t);
-                    }
-                    let delta = as_delta(o, calls);
-                    self.builder.chunk(&delta, out);
-                }
+                o => parsed_out(&mut self.builder, &mut self.round_text, calls, o, out),
             }
         }
-        let mut rest =
-            json!({"choices": [{"finish_reason": choice.and_then(|c| c.get("finish_reason")).cloned()}]});
-        if let Some(u) = v.get("usage") {
-            rest["usage"] = u.clone();
+        if let Some(f) = choice.and_then(|c| c.get("finish_reason")).and_then(Value::as_str) {
+            self.builder.finish_reason(f);
         }
-        self.builder.chunk(&rest, out);
+        if let Some(u) = v.get("usage").filter(|u| u.is_object()) {
+            self.builder.add_usage(u);
+        }
     }
 
     /// What a completion's parser still holds, at the end.
     fn flush(&mut self, out: &mut Vec<Event>) {
         let Some((parser, calls)) = self.completion.as_mut() else { return };
         for o in parser.finish() {
-            if let Out::Text(t) = &o {
-                self.round_text.push_str(t);
-            }
-            let delta = as_delta(o, calls);
-            self.builder.chunk(&delta, out);
+            parsed_out(&mut self.builder, &mut self.round_text, calls, o, out);
         }
     }
 
@@ -220,15 +209,17 @@ impl<'s> Translator<'s> {
     }
 }
 
-/// A piece of a completion's text as the chat delta it stands for.
-fn as_delta(o: Out, calls: &mut u64) -> Value {
+/// A piece of a completion's text into the response: text, or a whole tool call.
+fn parsed_out(b: &mut Builder, round_text: &mut String, calls: &mut u64, o: Out, out: &mut Vec<Event>) {
     match o {
-        Out::Text(t) => json!({"choices": [{"delta": {"content": t}}]}),
+        Out::Text(t) if t.is_empty() => {}
+        Out::Text(t) => {
+            round_text.push_str(&t);
+            b.text(&t, out);
+        }
         Out::Call(c) => {
-            let index = *calls;
+            b.call(*calls, Some(&c.id), Some(&c.function.name), &c.function.arguments, out);
             *calls += 1;
-            json!({"choices": [{"delta": {"tool_calls": [{"index": index, "id": c.id, "type": "function",
-                "function": {"name": c.function.name, "arguments": c.function.arguments}}]}}]})
         }
     }
 }
