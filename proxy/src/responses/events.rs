@@ -57,6 +57,21 @@ impl Item {
 pub struct Event {
     pub kind: &'static str,
     pub json: String,
+    /// Where the response object is in `json`, for events that carry one: a client that
+    /// wants only the final object gets this slice, not the event parsed again.
+    pub response: Option<std::ops::Range<usize>>,
+}
+
+impl Event {
+    /// An event without a response object.
+    pub fn plain(kind: &'static str, json: String) -> Event {
+        Event { kind, json, response: None }
+    }
+
+    /// The response object it carries, as JSON text.
+    pub fn response(&self) -> Option<&str> {
+        self.response.clone().and_then(|r| self.json.get(r))
+    }
 }
 
 /// How the response ended.
@@ -117,18 +132,18 @@ impl Builder {
         fields.insert("type".into(), json!(kind));
         fields.insert("sequence_number".into(), json!(self.seq));
         self.seq += 1;
-        Event { kind, json: Value::Object(fields).to_string() }
+        Event::plain(kind, Value::Object(fields).to_string())
     }
 
     /// An event that carries the response object as it stands.
     fn response_event(&mut self, kind: &'static str) -> Event {
-        let json = format!(
-            r#"{{"type":"{kind}","sequence_number":{},"response":{}}}"#,
-            self.seq,
-            self.response_json()
-        );
+        let mut json = format!(r#"{{"type":"{kind}","sequence_number":{},"response":"#, self.seq);
+        let start = json.len();
+        json.push_str(&self.response_json());
+        let end = json.len();
+        json.push('}');
         self.seq += 1;
-        Event { kind, json }
+        Event { kind, json, response: Some(start..end) }
     }
 
     /// The response object as it stands, as JSON text.
@@ -457,6 +472,9 @@ mod tests {
         let seqs: Vec<u64> = v.iter().filter_map(|e| e["sequence_number"].as_u64()).collect();
         assert_eq!(seqs, (0..ev.len() as u64).collect::<Vec<_>>());
         let done = &v.last().expect("last")["response"];
+        let slice = ev.last().and_then(Event::response).expect("the terminal event carries the response");
+        assert_eq!(&serde_json::from_str::<Value>(slice).expect("json"), done);
+        assert_eq!(ev[2].response(), None);
         assert_eq!(done["status"], "completed");
         assert_eq!(done["output"][0]["content"][0]["text"], "Hello");
         assert_eq!(done["usage"]["input_tokens_details"]["cached_tokens"], 4);

@@ -127,10 +127,7 @@ pub async fn run(
             }
         }
         None if turn.req.generate => {
-            let history: Vec<Value> = turn
-                .previous
-                .as_ref()
-                .map_or_else(Vec::new, |p| p.all_items().into_iter().cloned().collect());
+            let history = turn.previous.as_ref().map_or_else(Vec::new, |p| p.all_items());
             match turn.req.to_chat(&history) {
                 Ok(body) => {
                     let head = head.for_path("/v1/chat/completions").with_session(Some(turn.session_key()));
@@ -385,9 +382,10 @@ impl EventSink for HttpSink<'_> {
         if !last {
             return Ok(());
         }
-        let terminal: Option<Value> = events.last().and_then(|e| serde_json::from_str(&e.json).ok());
-        let Some(response) = terminal.as_ref().and_then(|e| e.get("response")) else { return Ok(()) };
-        if response.get("status").and_then(Value::as_str) == Some("failed") {
+        let Some(terminal) = events.last() else { return Ok(()) };
+        let Some(text) = terminal.response() else { return Ok(()) };
+        if terminal.kind == "response.failed" {
+            let response: Value = serde_json::from_str(text).unwrap_or_default();
             let msg = response["error"]["message"].as_str().unwrap_or("the backend failed").to_owned();
             let code = response["error"]["code"].as_str().unwrap_or("upstream_error").to_owned();
             let mut e = ApiError::internal(msg).with_code(&code);
@@ -395,7 +393,7 @@ impl EventSink for HttpSink<'_> {
             let shown = std::mem::take(&mut self.shown);
             return self.error(502, Bytes::from(e.to_json()), &shown).await;
         }
-        let body = Bytes::from(response.to_string());
+        let body = Bytes::copy_from_slice(text.as_bytes());
         let h = self.header(200, "application/json", Some(body.len()), &self.shown)?;
         self.session.write_response_header(Box::new(h), false).await?;
         self.session.write_response_body(Some(body), true).await

@@ -205,12 +205,12 @@ impl ResponsesRequest {
     /// The Chat Completions request for this turn over `history` (the stored conversation's
     /// items) and the new input. Always streamed, with usage, whatever the client asked: the
     /// translation reads one form.
-    pub fn to_chat(&self, history: &[Value]) -> Result<String, ApiError> {
+    pub fn to_chat(&self, history: &[&Value]) -> Result<String, ApiError> {
         let mut messages = Vec::with_capacity(history.len() + self.input.len() + 1);
         if let Some(i) = &self.instructions {
             messages.push(json!({"role": "system", "content": i}));
         }
-        for item in history.iter().chain(&self.input) {
+        for item in history.iter().copied().chain(&self.input) {
             push_item(&mut messages, item)?;
         }
         let mut body = Map::new();
@@ -572,6 +572,7 @@ mod tests {
             json!({"role": "user", "content": "first"}),
             json!({"type": "message", "role": "assistant", "content": [{"type": "output_text", "text": "ok"}]}),
         ];
+        let history: Vec<&Value> = history.iter().collect();
         let m = serde_json::from_str::<Value>(&r.to_chat(&history).expect("chat")).expect("json")["messages"]
             .clone();
         let roles: Vec<&str> = m.as_array().expect("a").iter().filter_map(|m| m["role"].as_str()).collect();

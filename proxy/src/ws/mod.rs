@@ -446,10 +446,7 @@ async fn close(session: &mut Session, c: u16, reason: &str) -> CloseCode {
 
 /// `{"type": "error", "status", "error": {...}}`.
 pub fn error_event(e: &ApiError) -> Event {
-    Event {
-        kind: "error",
-        json: json!({"type": "error", "status": e.status, "error": e.body.error}).to_string(),
-    }
+    Event::plain("error", json!({"type": "error", "status": e.status, "error": e.body.error}).to_string())
 }
 
 /// A turn's events into the connection's channel.
@@ -475,10 +472,8 @@ impl EventSink for WsSink {
             .ok()
             .and_then(|v| v.get("error").cloned())
             .unwrap_or_else(|| json!({"type": "server_error", "code": "upstream_error", "message": String::from_utf8_lossy(&body), "param": null}));
-        let event = Event {
-            kind: "error",
-            json: json!({"type": "error", "status": status, "error": error}).to_string(),
-        };
+        let event =
+            Event::plain("error", json!({"type": "error", "status": status, "error": error}).to_string());
         self.events(vec![event], true).await
     }
 
