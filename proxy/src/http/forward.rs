@@ -32,10 +32,13 @@ const MAX_ERROR_BODY: usize = 1 << 20;
 const HOP_BY_HOP: [&str; 7] =
     ["connection", "keep-alive", "proxy-connection", "te", "trailer", "transfer-encoding", "upgrade"];
 
-/// Request headers warmpath does not forward: hop-by-hop ones and those it sets per backend.
+/// Request headers warmpath does not forward: hop-by-hop ones, a WebSocket handshake's (a
+/// turn of a connection is a plain request to the backend), and those it sets per backend.
 fn skip_request_header(name: &HeaderName) -> bool {
     let n = name.as_str();
-    HOP_BY_HOP.contains(&n) || matches!(n, "host" | "content-length" | "expect" | "proxy-authorization")
+    HOP_BY_HOP.contains(&n)
+        || n.starts_with("sec-websocket-")
+        || matches!(n, "host" | "content-length" | "expect" | "proxy-authorization")
 }
 
 /// Response headers warmpath does not copy: hop-by-hop ones and those framing sets again.
@@ -130,10 +133,8 @@ impl Head {
             method: http::Method::POST,
             headers: self.template.headers.clone(),
         };
-        // Not the client's content type, nor its WebSocket handshake.
-        template.headers.retain(|(n, _)| {
-            n != header::CONTENT_TYPE && n != header::ACCEPT && !n.as_str().starts_with("sec-websocket-")
-        });
+        // Not the client's content type: the body is warmpath's.
+        template.headers.retain(|(n, _)| n != header::CONTENT_TYPE && n != header::ACCEPT);
         template.headers.push((header::CONTENT_TYPE, http::HeaderValue::from_static("application/json")));
         Head {
             template,
