@@ -288,6 +288,12 @@ fn redis_with_a_password() {
     assert!(r.text().contains("session_store_unavailable"), "{}", r.text());
 }
 
+/// The token ids of a `/v1/completions` body.
+fn prompt_ids(body: &[u8]) -> Vec<u64> {
+    let v: Value = serde_json::from_slice(body).expect("json");
+    v["prompt"].as_array().expect("ids").iter().filter_map(Value::as_u64).collect()
+}
+
 const WP32K: &str = "[pools.canon]\ntokenizer = \"wp32k\"";
 
 /// Where the pool renders prompts exactly as its backends, a turn goes out as a token-id
@@ -333,15 +339,7 @@ fn token_id_turns_send_the_stored_ids_and_read_tool_calls_from_the_text() {
     let heads = up.heads.lock().expect("lock").clone();
     let bodies = up.bodies.lock().expect("lock").clone();
     assert!(heads.iter().all(|h| h.starts_with("POST /v1/completions ")), "{heads:?}");
-    let prompt = |b: &[u8]| -> Vec<u64> {
-        serde_json::from_slice::<Value>(b).expect("json")["prompt"]
-            .as_array()
-            .expect("ids")
-            .iter()
-            .filter_map(Value::as_u64)
-            .collect()
-    };
-    let (p1, p2) = (prompt(&bodies[0]), prompt(&bodies[1]));
+    let (p1, p2) = (prompt_ids(&bodies[0]), prompt_ids(&bodies[1]));
     // The second prompt is the first (less its generation prompt) plus the new turns.
     let kept = p1.len() - 4;
     assert_eq!(p2[..kept], p1[..kept], "the stored ids come back as they were sent");
@@ -412,15 +410,7 @@ fn token_id_turns_answer_tool_searches_inside_the_turn() {
 
     let bodies = up.bodies.lock().expect("lock").clone();
     assert_eq!(bodies.len(), 3, "search round, answer round, next turn");
-    let prompt = |b: &[u8]| -> Vec<u64> {
-        serde_json::from_slice::<Value>(b).expect("json")["prompt"]
-            .as_array()
-            .expect("ids")
-            .iter()
-            .filter_map(Value::as_u64)
-            .collect()
-    };
-    let (p1, p2, p3) = (prompt(&bodies[0]), prompt(&bodies[1]), prompt(&bodies[2]));
+    let (p1, p2, p3) = (prompt_ids(&bodies[0]), prompt_ids(&bodies[1]), prompt_ids(&bodies[2]));
     let k1 = p1.len() - 4;
     assert_eq!(p2[..k1], p1[..k1], "the answer round extends the search round");
     let k2 = p2.len() - 4;

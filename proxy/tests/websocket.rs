@@ -251,14 +251,7 @@ fn a_client_that_leaves_mid_turn_cancels_the_generation() {
 fn a_thousand_idle_connections_hold_bounded_memory() {
     let e = Engine::sim("m", &[]);
     let proxy = Proxy::start(&policy("", "", &["m"], &[("e0", e.url())]));
-    let rss = || {
-        let status = std::fs::read_to_string(format!("/proc/{}/status", proxy.child.id())).expect("status");
-        status
-            .lines()
-            .find_map(|l| l.strip_prefix("VmRSS:"))
-            .and_then(|v| v.trim().trim_end_matches(" kB").parse::<u64>().ok())
-            .expect("rss")
-    };
+    let rss = || rss_kb(proxy.child.id());
     // Warm the process first (threads, buffers), then measure the difference.
     let warm: Vec<Ws> = (0..20).map(|_| Ws::connect(proxy.addr, &[])).collect();
     let before = rss();
@@ -360,14 +353,7 @@ fn a_warm_up_gives_an_id_to_chain_from_and_no_output() {
 fn a_slow_reader_gets_backpressure_not_buffers() {
     let e = Engine::sim("m", &["--sim-itl-ms", "0", "--max-model-len", "131072", "--kv-blocks", "8400"]);
     let proxy = Proxy::start(&policy("", "", &["m"], &[("e0", e.url())]));
-    let rss_kb = || {
-        let status = std::fs::read_to_string(format!("/proc/{}/status", proxy.child.id())).expect("status");
-        status
-            .lines()
-            .find_map(|l| l.strip_prefix("VmRSS:"))
-            .and_then(|v| v.trim().trim_end_matches(" kB").parse::<u64>().ok())
-            .expect("rss")
-    };
+    let rss_kb = || rss_kb(proxy.child.id());
     let mut ws = Ws::connect(proxy.addr, &[]);
     ws.send_json(&json!({"type": "response.create", "model": "m", "input": "hi", "max_output_tokens": 8}));
     let _ = ws.turn();

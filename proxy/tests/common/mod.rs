@@ -706,3 +706,13 @@ pub fn weather_tools() -> serde_json::Value {
     serde_json::json!([{"type": "function", "name": "get_weather", "description": "The weather forecast for a city.",
             "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}])
 }
+
+/// Resident memory of a process, in kB (`/proc/PID/status`).
+pub fn rss_kb(pid: u32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).expect("status");
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.trim().trim_end_matches(" kB").parse::<u64>().ok())
+        .expect("rss")
+}
