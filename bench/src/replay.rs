@@ -290,6 +290,69 @@ impl TurnClock {
     }
 }
 
+/// One session's client: sends its turns one by one, timing each.
+trait SessionClient: Send + 'static {
+    fn turn(&mut self, i: usize) -> impl std::future::Future<Output = Outcome> + Send;
+}
+
+/// Runs every session concurrently, each with its own client, turn after turn (with `clock`, a
+/// turn starts when every session's previous turn is answered).
+async fn drive<C: SessionClient>(
+    n: usize,
+    sessions: Vec<Vec<usize>>,
+    progress: Arc<Progress>,
+    clock: Option<Arc<TurnClock>>,
+    client: impl Fn() -> C,
+) -> Vec<Outcome> {
+    let tasks: Vec<_> = sessions
+        .into_iter()
+        .map(|turns| {
+            let (mut c, progress, clock) = (client(), progress.clone(), clock.clone());
+            tokio::spawn(async move {
+                let mut outs = Vec::new();
+                for i in turns {
+                    progress.in_flight.fetch_add(1, Ordering::Relaxed);
+                    let out = c.turn(i).await;
+                    progress.in_flight.fetch_sub(1, Ordering::Relaxed);
+                    finish(&progress, &out);
+                    outs.push((i, out));
+                    if let Some(c) = &clock {
+                        c.turn_done().await;
+                    }
+                }
+                outs
+            })
+        })
+        .collect();
+    gather(n, tasks).await
+}
+
+/// A chat client resending the whole conversation each turn, on a new connection per turn or
+/// one kept alive.
+struct ChatTurns {
+    addr: SocketAddr,
+    reqs: Arc<Vec<Request>>,
+    conn: Connection,
+    timeout: Duration,
+    sender: Option<Sender>,
+}
+
+impl SessionClient for ChatTurns {
+    async fn turn(&mut self, i: usize) -> Outcome {
+        if self.conn == Connection::PerRequest || self.sender.as_ref().is_none_or(|s| s.is_closed()) {
+            self.sender = connect(self.addr).await.ok();
+        }
+        let out = match self.sender.as_mut() {
+            Some(s) => one(s, self.addr, &self.reqs[i], self.timeout).await,
+            None => Outcome { error: Some("connect failed".into()), ..Outcome::default() },
+        };
+        if !out.ok {
+            self.sender = None;
+        }
+        out
+    }
+}
+
 /// Sessions run concurrently; each sends its turns in order (a turn starts when the previous
 /// answer is complete; with `clock`, when every session's previous turn is). `sessions[i]`
 /// holds indices into `reqs`.
@@ -303,37 +366,81 @@ pub async fn sessions(
     clock: Option<Arc<TurnClock>>,
 ) -> Vec<Outcome> {
     let n = reqs.len();
-    let tasks: Vec<_> = sessions
-        .into_iter()
-        .map(|turns| {
-            let (reqs, progress, clock) = (reqs.clone(), progress.clone(), clock.clone());
-            tokio::spawn(async move {
-                let mut sender: Option<Sender> = None;
-                let mut outs = Vec::new();
-                for i in turns {
-                    progress.in_flight.fetch_add(1, Ordering::Relaxed);
-                    if conn == Connection::PerRequest || sender.as_ref().is_none_or(|s| s.is_closed()) {
-                        sender = connect(addr).await.ok();
-                    }
-                    let out = match sender.as_mut() {
-                        Some(s) => one(s, addr, &reqs[i], timeout).await,
-                        None => Outcome { error: Some("connect failed".into()), ..Outcome::default() },
-                    };
-                    progress.in_flight.fetch_sub(1, Ordering::Relaxed);
-                    finish(&progress, &out);
-                    if !out.ok {
-                        sender = None;
-                    }
-                    outs.push((i, out));
-                    if let Some(c) = &clock {
-                        c.turn_done().await;
-                    }
+    drive(n, sessions, progress, clock, || ChatTurns {
+        addr,
+        reqs: reqs.clone(),
+        conn,
+        timeout,
+        sender: None,
+    })
+    .await
+}
+
+/// A Responses WebSocket client: one connection, each turn only the new items.
+struct WsTurns {
+    addr: SocketAddr,
+    reqs: Arc<Vec<Request>>,
+    timeout: Duration,
+    conn: Option<crate::ws::WsClient>,
+    /// The last response's id and how many of the conversation's messages it holds.
+    previous: Option<String>,
+    sent: usize,
+}
+
+impl WsTurns {
+    async fn exchange(&mut self, i: usize, start: Instant, out: &mut Outcome) -> anyhow::Result<()> {
+        if self.conn.is_none() {
+            self.conn = Some(crate::ws::WsClient::connect(self.addr).await?);
+        }
+        let c = self.conn.as_mut().expect("connected");
+        let (event, n) = crate::ws::response_create(&self.reqs[i].body, self.sent, self.previous.as_deref())?;
+        c.send_text(&event).await?;
+        loop {
+            let Some(text) = c.next_text().await? else { anyhow::bail!("the connection closed") };
+            let v: serde_json::Value = serde_json::from_str(&text)?;
+            match v["type"].as_str().unwrap_or("") {
+                "response.output_text.delta" | "response.function_call_arguments.delta" => {
+                    out.ttft.get_or_insert_with(|| start.elapsed());
                 }
-                outs
-            })
-        })
-        .collect();
-    gather(n, tasks).await
+                "response.completed" | "response.incomplete" => {
+                    let r = &v["response"];
+                    let u = &r["usage"];
+                    out.output_tokens = u["output_tokens"].as_u64().unwrap_or(0) as usize;
+                    out.prompt_tokens = u["input_tokens"].as_u64().map(|n| n as usize);
+                    out.cached_tokens =
+                        u["input_tokens_details"]["cached_tokens"].as_u64().map(|n| n as usize);
+                    self.previous = r["id"].as_str().map(str::to_owned);
+                    self.sent = n;
+                    return Ok(());
+                }
+                "response.failed" | "error" => anyhow::bail!("{text}"),
+                _ => {}
+            }
+        }
+    }
+}
+
+impl SessionClient for WsTurns {
+    async fn turn(&mut self, i: usize) -> Outcome {
+        let start = Instant::now();
+        let mut out = Outcome::default();
+        let written_before = self.conn.as_ref().map_or(0, |c| c.written);
+        match tokio::time::timeout(self.timeout, self.exchange(i, start, &mut out)).await {
+            Ok(Ok(())) => out.ok = out.ttft.is_some(),
+            Ok(Err(e)) => out.error = Some(format!("{e:#}")),
+            Err(_) => out.error = Some(format!("no complete answer within {:?}", self.timeout)),
+        }
+        out.e2e = start.elapsed();
+        out.bytes_sent = self.conn.as_ref().map_or(0, |c| c.written).saturating_sub(written_before);
+        if !out.ok {
+            out.error.get_or_insert_with(|| "no output".into());
+            // Start over: a new connection, the whole conversation.
+            self.conn = None;
+            self.previous = None;
+            self.sent = 0;
+        }
+        out
+    }
 }
 
 /// The agent workload over Responses WebSocket mode: one connection per session, each turn only
@@ -348,80 +455,8 @@ pub async fn ws_sessions(
     clock: Option<Arc<TurnClock>>,
 ) -> Vec<Outcome> {
     let n = reqs.len();
-    let tasks: Vec<_> = sessions
-        .into_iter()
-        .map(|turns| {
-            let (reqs, progress, clock) = (reqs.clone(), progress.clone(), clock.clone());
-            tokio::spawn(async move {
-                let mut conn: Option<crate::ws::WsClient> = None;
-                let mut previous: Option<String> = None;
-                let mut sent = 0;
-                let mut outs = Vec::new();
-                for i in turns {
-                    progress.in_flight.fetch_add(1, Ordering::Relaxed);
-                    let start = Instant::now();
-                    let mut out = Outcome::default();
-                    let written_before = conn.as_ref().map_or(0, |c| c.written);
-                    let work = async {
-                        if conn.is_none() {
-                            conn = Some(crate::ws::WsClient::connect(addr).await?);
-                        }
-                        let c = conn.as_mut().expect("connected");
-                        let (event, n) =
-                            crate::ws::response_create(&reqs[i].body, sent, previous.as_deref())?;
-                        c.send_text(&event).await?;
-                        loop {
-                            let Some(text) = c.next_text().await? else {
-                                anyhow::bail!("the connection closed")
-                            };
-                            let v: serde_json::Value = serde_json::from_str(&text)?;
-                            match v["type"].as_str().unwrap_or("") {
-                                "response.output_text.delta" | "response.function_call_arguments.delta" => {
-                                    out.ttft.get_or_insert_with(|| start.elapsed());
-                                }
-                                "response.completed" | "response.incomplete" => {
-                                    let r = &v["response"];
-                                    let u = &r["usage"];
-                                    out.output_tokens = u["output_tokens"].as_u64().unwrap_or(0) as usize;
-                                    out.prompt_tokens = u["input_tokens"].as_u64().map(|n| n as usize);
-                                    out.cached_tokens = u["input_tokens_details"]["cached_tokens"]
-                                        .as_u64()
-                                        .map(|n| n as usize);
-                                    previous = r["id"].as_str().map(str::to_owned);
-                                    sent = n;
-                                    return Ok(());
-                                }
-                                "response.failed" | "error" => anyhow::bail!("{text}"),
-                                _ => {}
-                            }
-                        }
-                    };
-                    match tokio::time::timeout(timeout, work).await {
-                        Ok(Ok(())) => out.ok = out.ttft.is_some(),
-                        Ok(Err(e)) => out.error = Some(format!("{e:#}")),
-                        Err(_) => out.error = Some(format!("no complete answer within {timeout:?}")),
-                    }
-                    if !out.ok {
-                        out.error.get_or_insert_with(|| "no output".into());
-                        // Start over: a new connection, the whole conversation.
-                        conn = None;
-                        previous = None;
-                        sent = 0;
-                    }
-                    out.e2e = start.elapsed();
-                    out.bytes_sent = conn.as_ref().map_or(0, |c| c.written).saturating_sub(written_before);
-                    progress.in_flight.fetch_sub(1, Ordering::Relaxed);
-                    finish(&progress, &out);
-                    outs.push((i, out));
-                    if let Some(c) = &clock {
-                        c.turn_done().await;
-                    }
-                }
-                outs
-            })
-        })
-        .collect();
-    gather(n, tasks).await
+    let client = || WsTurns { addr, reqs: reqs.clone(), timeout, conn: None, previous: None, sent: 0 };
+    drive(n, sessions, progress, clock, client).await
 }
 
 /// The sessions' outcomes, in request order.
