@@ -67,8 +67,13 @@ impl Turn {
             Some(id) => match cached.filter(|c| c.id == id && c.tenant == tenant) {
                 Some(c) => Some(c.clone()),
                 None => match state.sessions.get(tenant, id).await {
-                    Ok(Some(c)) => Some(c),
-                    Ok(None) => return Err(previous_not_found(id, missing_status)),
+                    Ok(found) => {
+                        state.metrics.session_store_ops.with_label_values(&["get", "ok"]).inc();
+                        match found {
+                            Some(c) => Some(c),
+                            None => return Err(previous_not_found(id, missing_status)),
+                        }
+                    }
                     Err(e) => {
                         tracing::warn!(error = %e, "conversation store read failed");
                         state.metrics.session_store_ops.with_label_values(&["get", "error"]).inc();
@@ -196,12 +201,8 @@ pub async fn run(
 
 /// A warm-up (`generate: false`): the response completes at once, with no output.
 async fn warm_up(tr: &mut Translator<'_>, ctx: &mut RequestCtx) -> pingora::Result<()> {
-    let mut h = ResponseHeader::build(200, Some(1))?;
-    h.insert_header(http::header::CONTENT_TYPE, "application/json")?;
-    tr.write_response_header(Box::new(h), false).await?;
-    tr.write_response_body(Some(Bytes::from_static(b"{\"choices\":[]}")), true).await?;
     ctx.status = 200;
-    Ok(())
+    tr.empty().await
 }
 
 /// A turn as token-id completions: the prompt is the system turn, the conversation's ids and

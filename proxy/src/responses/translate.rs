@@ -94,6 +94,15 @@ impl<'s> Translator<'s> {
         (std::mem::take(&mut self.round_text), std::mem::take(&mut self.searches))
     }
 
+    /// A response that completes at once with no output (a warm-up, `generate: false`).
+    pub async fn empty(&mut self) -> pingora::Result<()> {
+        self.started = true;
+        self.sink.begin(&self.shown).await?;
+        let mut out = self.builder.start();
+        self.builder.finish(None, &mut out);
+        self.end(out).await
+    }
+
     /// Ends a response held open for searches that will not be answered (rounds used up).
     pub async fn close(&mut self) -> pingora::Result<()> {
         if self.builder.outcome().is_some() || !self.started {
