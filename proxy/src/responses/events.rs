@@ -147,7 +147,7 @@ impl Builder {
     }
 
     /// The response object as it stands, as JSON text.
-    pub fn response_json(&self) -> String {
+    fn response_json(&self) -> String {
         let (status, incomplete, error) = match &self.outcome {
             None => ("in_progress", Value::Null, Value::Null),
             Some(Outcome::Completed) => ("completed", Value::Null, Value::Null),

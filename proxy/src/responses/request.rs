@@ -377,7 +377,7 @@ fn check_item(item: &Value) -> Result<(), String> {
 }
 
 /// The text of a content value: a string, or the text parts of an array joined.
-pub fn content_text(v: &Value) -> String {
+fn content_text(v: &Value) -> String {
     match v {
         Value::String(s) => s.clone(),
         Value::Array(parts) => parts

@@ -148,13 +148,6 @@ impl Store {
         }
     }
 
-    pub fn kind(&self) -> &'static str {
-        match self {
-            Store::Memory(_) => "memory",
-            Store::Redis { .. } => "redis",
-        }
-    }
-
     fn key(id: &str) -> String {
         format!("warmpath:response:{id}")
     }
