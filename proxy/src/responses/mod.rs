@@ -5,11 +5,13 @@
 //! chat stream is translated back into Responses events. The conversation, with the turn's
 //! output, is stored under the new response id for `previous_response_id` (`crate::session`).
 //!
-//! - `request`: the request's fields and their chat translation;
+//! - `request`: the request's fields, and the chat or completion request a turn becomes;
+//! - `chat`: items and tools in the Chat Completions form;
 //! - `events`: chat chunks → Responses events and the response object;
 //! - `translate`: the [`Downstream`](crate::http::downstream::Downstream) that does it on the
 //!   fly, writing to an [`EventSink`] (HTTP here, WebSocket in `crate::ws`).
 
+mod chat;
 pub mod events;
 pub mod request;
 pub mod translate;

@@ -5,10 +5,12 @@ use std::borrow::Cow;
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
 
-use serde::Deserialize;
 use serde_json::value::RawValue;
 use serde_json::{json, Map, Value};
 use warmpath_wire::openai::ApiError;
+
+pub use super::chat::messages_of;
+use super::chat::{chat_tool, chat_tool_choice, check_item, push_item, response_format, ToolView};
 
 /// A request's top-level fields as raw JSON: each field parsed only as far as it is read.
 pub type RawFields = BTreeMap<String, Box<RawValue>>;
@@ -25,21 +27,6 @@ pub fn raw_fields(text: &[u8]) -> Result<RawFields, ApiError> {
 /// A string field of raw fields (`None` when absent or not a string).
 pub fn raw_str<'a>(f: &'a RawFields, k: &str) -> Option<Cow<'a, str>> {
     f.get(k).and_then(|v| serde_json::from_str::<Cow<'a, str>>(v.get()).ok())
-}
-
-/// What warmpath reads of a tool; the rest stays in its text.
-#[derive(Deserialize)]
-struct ToolView<'a> {
-    #[serde(rename = "type", borrow, default)]
-    kind: Option<Cow<'a, str>>,
-    #[serde(borrow, default)]
-    name: Option<Cow<'a, str>>,
-    #[serde(borrow, default)]
-    description: Option<&'a RawValue>,
-    #[serde(borrow, default)]
-    parameters: Option<&'a RawValue>,
-    #[serde(borrow, default)]
-    strict: Option<&'a RawValue>,
 }
 
 /// The fields warmpath acts on; the rest of the request is ignored, as OpenAI ignores fields a
@@ -73,7 +60,7 @@ pub struct ResponsesRequest {
     pub user: Option<String>,
 }
 
-fn bad(message: impl Into<String>, param: &str) -> ApiError {
+pub(super) fn bad(message: impl Into<String>, param: &str) -> ApiError {
     ApiError::invalid_request(message).with_param(param)
 }
 
@@ -324,180 +311,6 @@ impl ResponsesRequest {
         }
         out.push(']');
         out
-    }
-}
-
-/// Items as chat messages (JSON texts), function calls joined to the assistant message before
-/// them as [`ResponsesRequest::to_chat`] does.
-pub fn messages_of<'a>(items: impl IntoIterator<Item = &'a Value>) -> Result<Vec<String>, ApiError> {
-    let mut messages = Vec::new();
-    for item in items {
-        push_item(&mut messages, item)?;
-    }
-    Ok(messages.iter().map(Value::to_string).collect())
-}
-
-/// What an input item must look like to be translated.
-fn check_item(item: &Value) -> Result<(), String> {
-    let Some(o) = item.as_object() else { return Err("an input item must be an object".into()) };
-    let kind = o.get("type").and_then(Value::as_str);
-    match kind {
-        None | Some("message") => {
-            match o.get("role").and_then(Value::as_str) {
-                Some("user" | "assistant" | "system" | "developer") => {}
-                Some(r) => return Err(format!("unknown role {r:?}")),
-                None => return Err("a message needs a `role`".into()),
-            }
-            match o.get("content") {
-                Some(Value::String(_) | Value::Array(_)) => Ok(()),
-                _ => Err("a message's `content` must be a string or an array of parts".into()),
-            }
-        }
-        Some("function_call") => {
-            for k in ["call_id", "name", "arguments"] {
-                if o.get(k).and_then(Value::as_str).is_none() {
-                    return Err(format!("a function_call needs `{k}` (a string)"));
-                }
-            }
-            Ok(())
-        }
-        Some("function_call_output") => {
-            if o.get("call_id").and_then(Value::as_str).is_none() {
-                return Err("a function_call_output needs `call_id`".into());
-            }
-            match o.get("output") {
-                Some(Value::String(_) | Value::Array(_)) => Ok(()),
-                _ => Err("a function_call_output's `output` must be a string or an array of parts".into()),
-            }
-        }
-        // Reasoning carries nothing a chat backend can take back; it is dropped.
-        Some("reasoning") => Ok(()),
-        Some(k) => Err(format!("input item type {k:?} is not supported")),
-    }
-}
-
-/// The text of a content value: a string, or the text parts of an array joined.
-fn content_text(v: &Value) -> String {
-    match v {
-        Value::String(s) => s.clone(),
-        Value::Array(parts) => parts
-            .iter()
-            .filter_map(|p| {
-                p.get("text").and_then(Value::as_str).or_else(|| p.get("refusal").and_then(Value::as_str))
-            })
-            .collect::<Vec<_>>()
-            .join(""),
-        _ => String::new(),
-    }
-}
-
-/// A message's content for chat: a string where it is only text, else chat content parts.
-fn chat_content(v: &Value) -> Value {
-    let Value::Array(parts) = v else { return Value::String(content_text(v)) };
-    let image = |p: &Value| p.get("type").and_then(Value::as_str) == Some("input_image");
-    if !parts.iter().any(image) {
-        return Value::String(content_text(v));
-    }
-    let out = parts
-        .iter()
-        .filter_map(|p| {
-            if image(p) {
-                let url = p.get("image_url").and_then(Value::as_str)?;
-                let mut img = json!({"url": url});
-                if let Some(d) = p.get("detail") {
-                    img["detail"] = d.clone();
-                }
-                Some(json!({"type": "image_url", "image_url": img}))
-            } else {
-                p.get("text").and_then(Value::as_str).map(|t| json!({"type": "text", "text": t}))
-            }
-        })
-        .collect();
-    Value::Array(out)
-}
-
-/// One item into chat messages: consecutive function calls join the assistant message before
-/// them, as a chat model emits them.
-fn push_item(messages: &mut Vec<Value>, item: &Value) -> Result<(), ApiError> {
-    let kind = item.get("type").and_then(Value::as_str).unwrap_or("message");
-    match kind {
-        "message" => {
-            let role = match item.get("role").and_then(Value::as_str).unwrap_or("user") {
-                // Chat templates know `system`; `developer` is its newer name.
-                "developer" => "system",
-                r => r,
-            };
-            let content = chat_content(item.get("content").unwrap_or(&Value::Null));
-            messages.push(json!({"role": role, "content": content}));
-        }
-        "function_call" => {
-            let s = |k: &str| item.get(k).and_then(Value::as_str).unwrap_or("").to_owned();
-            let call = json!({"id": s("call_id"), "type": "function",
-                              "function": {"name": s("name"), "arguments": s("arguments")}});
-            match messages.last_mut() {
-                Some(m) if m.get("role").and_then(Value::as_str) == Some("assistant") => {
-                    let obj = m.as_object_mut().expect("a message is an object");
-                    match obj.get_mut("tool_calls") {
-                        Some(Value::Array(calls)) => calls.push(call),
-                        _ => {
-                            obj.insert("tool_calls".into(), json!([call]));
-                        }
-                    }
-                }
-                _ => messages.push(json!({"role": "assistant", "content": null, "tool_calls": [call]})),
-            }
-        }
-        "function_call_output" => {
-            let id = item.get("call_id").and_then(Value::as_str).unwrap_or("");
-            let text = content_text(item.get("output").unwrap_or(&Value::Null));
-            messages.push(json!({"role": "tool", "tool_call_id": id, "content": text}));
-        }
-        "reasoning" => {}
-        k => return Err(bad(format!("input item type {k:?} is not supported"), "input")),
-    }
-    Ok(())
-}
-
-/// `{"type":"function","name",...}` → `{"type":"function","function":{"name",...}}`.
-/// Appends the chat form of a Responses function tool, its parts copied as text.
-fn chat_tool(t: &RawValue, out: &mut String) {
-    let Ok(v) = serde_json::from_str::<ToolView<'_>>(t.get()) else { return };
-    out.push_str(r#"{"type":"function","function":{"name":"#);
-    out.push_str(&json!(v.name.as_deref().unwrap_or("")).to_string());
-    for (k, raw) in [("description", v.description), ("parameters", v.parameters), ("strict", v.strict)] {
-        if let Some(r) = raw.filter(|r| r.get().trim() != "null") {
-            out.push_str(",\"");
-            out.push_str(k);
-            out.push_str("\":");
-            out.push_str(r.get());
-        }
-    }
-    out.push_str("}}");
-}
-
-fn chat_tool_choice(c: &Value) -> Value {
-    match c.get("type").and_then(Value::as_str) {
-        Some("function") => {
-            json!({"type": "function", "function": {"name": c.get("name").cloned().unwrap_or(Value::Null)}})
-        }
-        _ => c.clone(),
-    }
-}
-
-/// `text.format` → chat's `response_format`; plain text needs none.
-fn response_format(f: &Value) -> Option<Value> {
-    match f.get("type").and_then(Value::as_str)? {
-        "json_object" => Some(json!({"type": "json_object"})),
-        "json_schema" => {
-            let mut s = Map::new();
-            for k in ["name", "schema", "description", "strict"] {
-                if let Some(v) = f.get(k).filter(|v| !v.is_null()) {
-                    s.insert(k.into(), v.clone());
-                }
-            }
-            Some(json!({"type": "json_schema", "json_schema": s}))
-        }
-        _ => None,
     }
 }
 
