@@ -16,9 +16,8 @@ use warmpath_wire::openai::ApiError;
 
 use super::client::FailKind;
 use super::downstream::Downstream;
-use super::forward::{
-    build_request, copy_response_header, note_failure, send, Attempt, Failure, Sent, Shown, Template,
-};
+use super::forward::{copy_response_header, note_failure, send, Attempt, Failure, Sent, Shown};
+use super::head::{build_request, Template};
 use super::relay::{end_stream_with_error, Tail};
 use super::request::LlmRoute;
 use super::respond::send_error;

@@ -8,6 +8,7 @@ pub mod client;
 mod deferred;
 pub mod downstream;
 pub mod forward;
+pub mod head;
 pub mod models;
 pub mod relay;
 pub mod request;

@@ -27,7 +27,8 @@ use warmpath_wire::openai::ApiError;
 
 use crate::config::ResponsesMode;
 use crate::http::downstream::Downstream;
-use crate::http::forward::{self, Head};
+use crate::http::forward;
+use crate::http::head::Head;
 use crate::http::request::LlmRoute;
 use crate::http::respond::send_error;
 use crate::http::{AppState, RequestCtx};

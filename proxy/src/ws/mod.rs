@@ -27,7 +27,7 @@ use tokio::time::Instant;
 use warmpath_wire::openai::ApiError;
 
 use crate::config::ResponsesMode;
-use crate::http::forward::Head;
+use crate::http::head::Head;
 use crate::http::respond::send_error;
 use crate::http::{AppState, RequestCtx};
 use crate::responses::events::Event;
