@@ -16,7 +16,7 @@ pub mod redis;
 use std::sync::Arc;
 use std::time::Duration;
 
-use serde_json::{json, Value};
+use serde_json::Value;
 use xxhash_rust::xxh3::xxh3_64_with_seed;
 
 use crate::config::{ConversationConfig, StoreKind};
@@ -94,25 +94,45 @@ impl Conversation {
 
     /// The whole conversation as one JSON document (the Redis form).
     fn to_json(&self) -> Vec<u8> {
-        json!({"tenant": self.tenant.to_string(), "model": self.model, "root": self.root,
-               "items": self.all_items(), "tokens": self.tokens.as_deref()})
-        .to_string()
-        .into_bytes()
+        let doc = StoredRef {
+            tenant: self.tenant.to_string(),
+            model: &self.model,
+            root: &self.root,
+            items: self.all_items(),
+            tokens: self.tokens.as_deref().map(Vec::as_slice),
+        };
+        serde_json::to_vec(&doc).unwrap_or_default()
     }
 
     fn from_json(id: &str, b: &[u8]) -> Option<Conversation> {
-        let v: Value = serde_json::from_slice(b).ok()?;
-        let tenant = v.get("tenant")?.as_str()?.parse().ok()?;
-        let items = v.get("items")?.as_array()?.clone();
-        let mut c =
-            Conversation::new(id.to_owned(), tenant, v.get("model")?.as_str()?.to_owned(), None, items);
-        c.root = v.get("root")?.as_str()?.to_owned();
-        if let Some(t) = v.get("tokens").and_then(Value::as_array) {
-            let ids: Vec<u32> = t.iter().filter_map(Value::as_u64).map(|n| n as u32).collect();
+        let doc: Stored = serde_json::from_slice(b).ok()?;
+        let mut c = Conversation::new(id.to_owned(), doc.tenant.parse().ok()?, doc.model, None, doc.items);
+        c.root = doc.root;
+        if let Some(ids) = doc.tokens {
             c = c.with_tokens(ids);
         }
         Some(c)
     }
+}
+
+/// A conversation as Redis keeps it (the tenant as a string: JSON numbers lose 64-bit ids).
+#[derive(serde::Serialize)]
+struct StoredRef<'a> {
+    tenant: String,
+    model: &'a str,
+    root: &'a str,
+    items: Vec<&'a Value>,
+    tokens: Option<&'a [u32]>,
+}
+
+#[derive(serde::Deserialize)]
+struct Stored {
+    tenant: String,
+    model: String,
+    root: String,
+    items: Vec<Value>,
+    #[serde(default)]
+    tokens: Option<Vec<u32>>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -183,6 +203,8 @@ impl Store {
 
 #[cfg(test)]
 mod tests {
+    use serde_json::json;
+
     use super::*;
 
     fn item(text: &str) -> Value {
