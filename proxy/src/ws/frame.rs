@@ -174,6 +174,34 @@ impl Assembler {
     }
 }
 
+/// Client bytes in, whole messages out.
+#[derive(Debug)]
+pub struct Reader {
+    decoder: Decoder,
+    assembler: Assembler,
+}
+
+impl Reader {
+    /// `max_message`: the largest message (and frame) accepted.
+    pub fn new(max_message: usize) -> Reader {
+        Reader { decoder: Decoder::new(max_message), assembler: Assembler::new(max_message) }
+    }
+
+    pub fn push(&mut self, bytes: &[u8]) {
+        self.decoder.push(bytes);
+    }
+
+    /// The next whole message, `None` until one is in.
+    pub fn next_message(&mut self) -> Result<Option<Message>, Violation> {
+        while let Some(f) = self.decoder.next_frame()? {
+            if let Some(m) = self.assembler.frame(f)? {
+                return Ok(Some(m));
+            }
+        }
+        Ok(None)
+    }
+}
+
 fn close(payload: &[u8]) -> Result<Message, Violation> {
     match payload.len() {
         0 => Ok(Message::Close(None, String::new())),
@@ -247,16 +275,13 @@ mod tests {
     use super::*;
 
     fn decode_all(bytes: &[u8], max: usize) -> Result<Vec<Message>, Violation> {
-        let mut d = Decoder::new(max);
-        let mut a = Assembler::new(max);
+        let mut r = Reader::new(max);
         let mut out = Vec::new();
         // Byte by byte: frames split anywhere must still decode.
         for b in bytes {
-            d.push(&[*b]);
-            while let Some(f) = d.next_frame()? {
-                if let Some(m) = a.frame(f)? {
-                    out.push(m);
-                }
+            r.push(&[*b]);
+            while let Some(m) = r.next_message()? {
+                out.push(m);
             }
         }
         Ok(out)

@@ -34,7 +34,7 @@ use crate::responses::events::Event;
 use crate::responses::request::ResponsesRequest;
 use crate::responses::{EventSink, Shown, Turn};
 use crate::session::{self, Conversation};
-use frame::{code, Assembler, Decoder, Message};
+use frame::{code, Message, Reader};
 
 /// RFC 6455 §1.3.
 const ACCEPT_GUID: &str = "258EAFA5-E914-47DA-95CA-C5AB0DC85B11";
@@ -166,8 +166,7 @@ pub async fn serve(
         state: state.clone(),
         head: Arc::new(head),
         tenant,
-        decoder: Decoder::new(cfg.max_message_kib as usize * 1024),
-        assembler: Assembler::new(cfg.max_message_kib as usize * 1024),
+        reader: Reader::new(cfg.max_message_kib as usize * 1024),
         last: None,
         queue: VecDeque::new(),
         turn: None,
@@ -201,8 +200,7 @@ struct Conn {
     state: Arc<AppState>,
     head: Arc<Head>,
     tenant: u64,
-    decoder: Decoder,
-    assembler: Assembler,
+    reader: Reader,
     /// The connection's latest response: continued without a store lookup.
     last: Option<Arc<Conversation>>,
     queue: VecDeque<ResponsesRequest>,
@@ -232,52 +230,9 @@ impl Conn {
                         Ok(Some(b)) => b,
                         Ok(None) | Err(_) => return 1006,
                     };
-                    self.decoder.push(&bytes);
                     last_frame = Instant::now();
-                    // Of the pings in one read only the latest is answered (a ping flood gets
-                    // one pong per read, not one per ping).
-                    let mut ping_payload: Option<Vec<u8>> = None;
-                    loop {
-                        let msg = match self.decoder.next_frame().and_then(|f| match f {
-                            Some(f) => self.assembler.frame(f).map(Some),
-                            None => Ok(None),
-                        }) {
-                            Ok(Some(Some(m))) => m,
-                            Ok(Some(None)) => continue,
-                            Ok(None) => break,
-                            Err(v) => return close(session, v.code, v.reason).await,
-                        };
-                        match msg {
-                            Message::Text(t) => {
-                                last_message = Instant::now();
-                                self.state.metrics.ws_bytes.with_label_values(&["in"]).inc_by(t.len() as u64);
-                                let result = if draining {
-                                    Err(ApiError::unavailable("the server is restarting; reconnect").with_code("server_restarting"))
-                                } else {
-                                    self.on_text(&t)
-                                };
-                                if let Err(e) = result {
-                                    if send(session, &error_event(&e).json).await.is_err() {
-                                        return 1006;
-                                    }
-                                }
-                            }
-                            Message::Binary(_) => {
-                                return close(session, code::UNSUPPORTED, "binary messages are not spoken here").await
-                            }
-                            Message::Ping(p) => ping_payload = Some(p),
-                            Message::Pong(_) => {}
-                            Message::Close(c, _) => {
-                                // Echo the peer's code, as RFC 6455 §5.5.1 asks.
-                                return close(session, c.unwrap_or(code::NORMAL), "").await;
-                            }
-                        }
-                    }
-                    if let Some(p) = ping_payload {
-                        let pong = Bytes::from(frame::encode(frame::PONG, &p));
-                        if session.write_response_body(Some(pong), false).await.is_err() {
-                            return 1006;
-                        }
+                    if let Some(code) = self.on_bytes(session, &bytes, draining, &mut last_message).await {
+                        return code;
                     }
                 }
                 out = recv(&mut self.turn) => {
@@ -330,6 +285,60 @@ impl Conn {
                 }
             }
         }
+    }
+
+    /// Client bytes: each whole message handled; `Some` with the close code when the connection
+    /// ends. Of the pings in one read only the latest is answered (a ping flood gets one pong
+    /// per read, not one per ping).
+    async fn on_bytes(
+        &mut self,
+        session: &mut Session,
+        bytes: &[u8],
+        draining: bool,
+        last_message: &mut Instant,
+    ) -> Option<CloseCode> {
+        self.reader.push(bytes);
+        let mut ping: Option<Vec<u8>> = None;
+        loop {
+            let msg = match self.reader.next_message() {
+                Ok(Some(m)) => m,
+                Ok(None) => break,
+                Err(v) => return Some(close(session, v.code, v.reason).await),
+            };
+            match msg {
+                Message::Text(t) => {
+                    *last_message = Instant::now();
+                    self.state.metrics.ws_bytes.with_label_values(&["in"]).inc_by(t.len() as u64);
+                    let result = if draining {
+                        Err(ApiError::unavailable("the server is restarting; reconnect")
+                            .with_code("server_restarting"))
+                    } else {
+                        self.on_text(&t)
+                    };
+                    if let Err(e) = result {
+                        if send(session, &error_event(&e).json).await.is_err() {
+                            return Some(1006);
+                        }
+                    }
+                }
+                Message::Binary(_) => {
+                    return Some(
+                        close(session, code::UNSUPPORTED, "binary messages are not spoken here").await,
+                    )
+                }
+                Message::Ping(p) => ping = Some(p),
+                Message::Pong(_) => {}
+                // Echo the peer's code, as RFC 6455 §5.5.1 asks.
+                Message::Close(c, _) => return Some(close(session, c.unwrap_or(code::NORMAL), "").await),
+            }
+        }
+        if let Some(p) = ping {
+            let pong = Bytes::from(frame::encode(frame::PONG, &p));
+            if session.write_response_body(Some(pong), false).await.is_err() {
+                return Some(1006);
+            }
+        }
+        None
     }
 
     async fn age_out(&self, session: &mut Session) -> CloseCode {
