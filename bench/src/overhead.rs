@@ -81,22 +81,6 @@ async fn measure(t: &Target, body: &Bytes, n: usize, concurrency: usize, probe: 
     }
 }
 
-pub fn date() -> String {
-    // Civil date from days since the epoch (Howard Hinnant's algorithm).
-    let secs =
-        std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0);
-    let z = (secs / 86_400) as i64 + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z - era * 146_097;
-    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let d = doy - (153 * mp + 2) / 5 + 1;
-    let m = if mp < 10 { mp + 3 } else { mp - 9 };
-    let y = yoe + era * 400 + i64::from(m <= 2);
-    format!("{y:04}-{m:02}-{d:02}")
-}
-
 /// The warmpath target with every request-shaping stage on.
 const FULL: &str = "round_robin+canon+defer";
 
@@ -157,7 +141,7 @@ pub async fn run(a: Args) -> anyhow::Result<()> {
 
     let cmdline: Vec<String> = std::env::args().collect();
     let mut md = String::new();
-    let _ = writeln!(md, "# Proxy overhead — {}\n", date());
+    let _ = writeln!(md, "# Proxy overhead — {}\n", crate::report::date());
     let _ =
         writeln!(md, "Command: `{}` (release build; peers from `scripts/bench-peers`)\n", cmdline.join(" "));
     let _ = writeln!(

@@ -135,13 +135,29 @@ fn panel(out: &mut String, c: &Chart, top: f64) -> f64 {
 pub fn publish(md: &str, stem: &str, out: Option<std::path::PathBuf>, quick: bool) -> anyhow::Result<()> {
     print!("{md}");
     if !quick {
-        let out = out.unwrap_or_else(|| {
-            crate::targets::root().join(format!("bench/results/{stem}-{}.md", crate::overhead::date()))
-        });
+        let out =
+            out.unwrap_or_else(|| crate::targets::root().join(format!("bench/results/{stem}-{}.md", date())));
         std::fs::write(&out, md)?;
         eprintln!("written: {}", out.display());
     }
     Ok(())
+}
+
+/// Today's date (UTC), `YYYY-MM-DD`: what names a report.
+pub fn date() -> String {
+    // Civil date from days since the epoch (Howard Hinnant's algorithm).
+    let secs =
+        std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0);
+    let z = (secs / 86_400) as i64 + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z - era * 146_097;
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let d = doy - (153 * mp + 2) / 5 + 1;
+    let m = if mp < 10 { mp + 3 } else { mp - 9 };
+    let y = yoe + era * 400 + i64::from(m <= 2);
+    format!("{y:04}-{m:02}-{d:02}")
 }
 
 #[cfg(test)]

@@ -147,7 +147,7 @@ pub fn run(a: Args) -> anyhow::Result<()> {
     let rows: Vec<Row> = [8, 64, 256].into_iter().map(|n| measure(n, &a)).collect();
     let cmd: Vec<String> = std::env::args().collect();
     let mut md = String::new();
-    let _ = writeln!(md, "# cache_aware decision cost — {}\n", crate::overhead::date());
+    let _ = writeln!(md, "# cache_aware decision cost — {}\n", crate::report::date());
     let _ = writeln!(md, "Command: `{}`\n", cmd.join(" "));
     let _ = writeln!(
         md,

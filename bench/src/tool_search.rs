@@ -7,8 +7,8 @@ use std::fmt::Write as _;
 use std::sync::Arc;
 
 use serde::Deserialize;
-use warmpath::canon::tools::CanonTool;
 use warmpath::tools::bm25::{words, Bm25};
+use warmpath::tools::def::CanonTool;
 
 const DATA: &str = include_str!("../data/tool-search.json");
 
@@ -88,7 +88,7 @@ pub fn run(a: Args) -> anyhow::Result<()> {
     let base = score(&set, &tools, &|q, k| overlap(&tools, q, k));
     let cmd: Vec<String> = std::env::args().collect();
     let mut md = String::new();
-    let _ = writeln!(md, "# tool_search recall — {}\n", crate::overhead::date());
+    let _ = writeln!(md, "# tool_search recall — {}\n", crate::report::date());
     let _ = writeln!(md, "Command: `{}`\n", cmd.join(" "));
     let _ = writeln!(
         md,

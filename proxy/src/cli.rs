@@ -7,6 +7,8 @@ use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
 
+use crate::server::Policy;
+
 /// warmpath: a cache-aware sidecar proxy for OpenAI-compatible LLM servers.
 #[derive(Debug, Parser)]
 #[command(name = "warmpath", version)]
@@ -39,7 +41,7 @@ pub fn main() -> ExitCode {
         Some(Command::CheckConfig { files }) => {
             let mut ok = true;
             for f in &files {
-                match crate::config::load(f) {
+                match Policy::load(f) {
                     Ok(_) => println!("{}: ok", f.display()),
                     Err(e) => {
                         eprintln!("{e}");
@@ -54,24 +56,25 @@ pub fn main() -> ExitCode {
             }
         }
         None => {
-            let mut cfg = match crate::config::load(&cli.config) {
-                Ok(c) => c,
+            let mut policy = match Policy::load(&cli.config) {
+                Ok(p) => p,
                 Err(e) => {
                     eprintln!("{e}");
                     return ExitCode::FAILURE;
                 }
             };
+            let server = &mut policy.cfg.server;
             if let Some(a) = cli.listen {
-                cfg.server.listen = a;
+                server.listen = a;
             }
             if let Some(a) = cli.admin {
-                cfg.server.admin = a;
+                server.admin = a;
             }
-            if cfg.server.listen == cfg.server.admin {
-                eprintln!("--listen and --admin must differ ({})", cfg.server.listen);
+            if server.listen == server.admin {
+                eprintln!("--listen and --admin must differ ({})", server.listen);
                 return ExitCode::FAILURE;
             }
-            match crate::server::run(cfg) {
+            match crate::server::run(policy) {
                 Ok(()) => ExitCode::SUCCESS,
                 Err(e) => {
                     eprintln!("warmpath: {e:#}");

@@ -1,25 +1,38 @@
 //! warmpath: a cache-aware sidecar proxy for OpenAI-compatible LLM servers, on pingora.
 //!
-//! A request goes through the stages in this order, each a module that owns its state:
-//! [`http`] (pingora phases: read and parse the body, relay the answer) → [`route`] (model →
-//! pool → policy → backend, health, retries) → the backend → [`http::relay`] back to the
-//! client, with [`observe`] counting along the way; [`cache`] answers repeated deterministic
-//! requests without a backend. [`config`] is the policy file,
-//! [`responses`] serves the Responses API over any chat backend (over HTTP, and [`ws`] for
-//! WebSocket mode), with conversations in [`session`], [`embedded`] starts bundled engine replicas, [`limits`] holds the connection-level limits
-//! pingora lacks, and [`server`] assembles the process. See `docs/ARCHITECTURE.md`.
+//! The modules form layers; each imports only from the layers below it (`docs/ARCHITECTURE.md`
+//! draws them):
+//!
+//! 1. foundations: [`config`] (the policy file, plain data), [`request`] (the parsed request),
+//!    [`observe`] (metrics; the admin listener), [`limits`], [`upstream`] (connections to
+//!    backends);
+//! 2. stages, each owning its state: [`tools`] (deferred tools), [`canon`] (stable prefixes),
+//!    [`cache`] (response cache), [`session`] (conversation store), [`route`] (pools, policies,
+//!    health, prefix index); and [`embedded`] (bundled engine replicas);
+//! 3. [`state`]: the process's shared state, each pool with every stage's part, the request
+//!    context;
+//! 4. [`pipeline`]: one LLM request through the stages, in order;
+//! 5. [`responses`]: a Responses turn over the pipeline;
+//! 6. entry points, siblings: [`http`] (the HTTP routes) and [`ws`] (WebSocket mode);
+//! 7. [`entry`] (pingora's `ProxyHttp`: which entry point a request goes to), [`server`] (the
+//!    assembly: everything built from the policy file, in one place) and [`cli`].
 
 pub mod cache;
 pub mod canon;
 pub mod cli;
 pub mod config;
 pub mod embedded;
+pub mod entry;
 pub mod http;
 pub mod limits;
 pub mod observe;
+pub mod pipeline;
+pub mod request;
 pub mod responses;
 pub mod route;
 pub mod server;
 pub mod session;
+pub mod state;
 pub mod tools;
+pub mod upstream;
 pub mod ws;

@@ -1,25 +1,62 @@
-//! Assembling the process: logging, embedded engines, pools, and the pingora server with its
-//! its services (API listener, admin listener, health checker, load scraper, KV event feeds).
+//! Assembling the process, the one place where what the policy file says becomes running
+//! parts: the files it names are loaded ([`Policy::load`], which `check-config` runs too), each
+//! stage builds its part of each pool from its own table, and the pingora server gets its
+//! services (API listener, admin listener, health checker, load scraper, KV event feeds,
+//! WebSocket drain).
 
+use std::path::Path;
 use std::sync::Arc;
-
-use anyhow::Context;
 use std::time::Duration;
 
+use anyhow::Context;
 use pingora::server::configuration::ServerConf;
 use pingora::server::Server;
 use pingora::services::background::background_service;
 use pingora::services::listening::Service;
 
-use crate::config::{Config, LogFormat};
-use crate::http::client::Upstream;
-use crate::http::{AppState, WarmpathProxy};
-use crate::limits::WithHeaderDeadline;
+use crate::cache::ResponseCache;
+use crate::canon::{Canon, External};
+use crate::config::{Config, ConfigError, Invalid, LogFormat, PathSeg, Source};
+use crate::embedded::{Embedded, Replica};
+use crate::entry::WarmpathProxy;
+use crate::limits::{Connections, WithHeaderDeadline};
 use crate::observe::{AdminApp, Metrics};
 use crate::route::events::EventFeeds;
 use crate::route::health::HealthChecker;
 use crate::route::load::LoadScraper;
-use crate::route::Router;
+use crate::route::{self, BackendSpec, Fleet, PromptUnits};
+use crate::state::{self, AppState, Pools};
+use crate::upstream::Upstream;
+
+/// A policy file with everything loaded from the files it names (each pool's tokenizer and
+/// chat template), so that a file that would fail at start-up fails here, at its key.
+#[derive(Debug)]
+pub struct Policy {
+    pub cfg: Config,
+    /// Per pool, its external tokenizer and template.
+    externals: Vec<Option<External>>,
+}
+
+impl Policy {
+    /// Reads, validates and loads the policy file at `path`.
+    pub fn load(path: &Path) -> Result<Policy, ConfigError> {
+        Policy::parse(&Source::read(path)?)
+    }
+
+    pub fn parse(src: &Source) -> Result<Policy, ConfigError> {
+        let cfg = crate::config::parse(&src.file, &src.text)?;
+        let mut externals = Vec::with_capacity(cfg.pools.len());
+        for (i, pool) in cfg.pools.iter().enumerate() {
+            let loaded = External::load(&pool.canon, src.dir()).map_err(|(key_name, message)| {
+                let key = |k: &str| PathSeg::Key(k.to_owned());
+                let path = vec![key("pools"), PathSeg::Index(i), key("canon"), key(key_name)];
+                src.locate(&Invalid { path, message })
+            })?;
+            externals.push(loaded);
+        }
+        Ok(Policy { cfg, externals })
+    }
+}
 
 /// Installs the `tracing` subscriber the policy file asks for (`RUST_LOG` wins).
 pub fn init_logging(cfg: &Config) {
@@ -32,9 +69,60 @@ pub fn init_logging(cfg: &Config) {
     };
 }
 
+/// Every pool with each stage's part of it, built from its table; `embedded` gives the
+/// bundled replicas started for pools that asked for them.
+fn build_pools(policy: Policy, embedded: &Embedded, metrics: &Metrics) -> Result<Pools, String> {
+    let cfg = &policy.cfg;
+    let mut pools = Vec::with_capacity(cfg.pools.len());
+    for (i, (pc, external)) in cfg.pools.iter().zip(policy.externals).enumerate() {
+        let specs: Vec<BackendSpec> = match embedded.addrs.get(&i) {
+            Some(replicas) => {
+                replicas.iter().enumerate().map(|(r, rep)| replica_spec(&pc.name, r, rep)).collect()
+            }
+            None => pc.backends.iter().map(BackendSpec::from).collect(),
+        };
+        let canon = Canon::new(&pc.canon, &pc.tools, pc.embedded.is_some(), external);
+        let enc = canon.encoder();
+        let units = PromptUnits {
+            exact_tokens: enc.exact_tokens(),
+            per_token_guess: enc.units_per_token_guess(),
+            per_block: enc.block_units(),
+        };
+        let routing = route::Pool::build(pc, &specs, cfg, metrics, units)?;
+        let pool = state::Pool {
+            name: pc.name.clone(),
+            route: Arc::new(routing),
+            canon,
+            response_cache: pc.response_cache.enabled.then(|| ResponseCache::new(&pc.response_cache)),
+            responses: pc.responses,
+            responses_tokens: pc.responses_tokens,
+        };
+        pools.push((pool, pc.models.clone()));
+    }
+    Ok(Pools::new(pools))
+}
+
+/// A bundled replica as a backend of pool `pool`: named `{pool}-{r}`.
+fn replica_spec(pool: &str, r: usize, rep: &Replica) -> BackendSpec {
+    let url = crate::config::BackendUrl {
+        tls: false,
+        host: rep.addr.ip().to_string(),
+        port: rep.addr.port(),
+        base_path: String::new(),
+    };
+    BackendSpec {
+        name: format!("{pool}-{r}"),
+        url,
+        weight: 1,
+        kv_events: rep.kv_events.clone(),
+        kv_replay: rep.kv_replay.clone(),
+    }
+}
+
 /// Starts everything and serves until SIGTERM (graceful) or SIGINT (fast). Never returns on
 /// success.
-pub fn run(cfg: Config) -> anyhow::Result<()> {
+pub fn run(policy: Policy) -> anyhow::Result<()> {
+    let cfg = policy.cfg.clone();
     init_logging(&cfg);
     // pingora binds inside its service threads and only panics there when it cannot, leaving
     // the process up without a listener; check first so a taken port is a clear error.
@@ -49,7 +137,8 @@ pub fn run(cfg: Config) -> anyhow::Result<()> {
         }
     }
     let metrics = Metrics::new();
-    let router = Arc::new(Router::build(&cfg, &embedded.addrs, &metrics).map_err(anyhow::Error::msg)?);
+    let pools = build_pools(policy, &embedded, &metrics).map_err(anyhow::Error::msg)?;
+    let fleet = Arc::new(Fleet::new(pools.iter().map(|p| p.route.clone()).collect()));
     let upstream = Arc::new(Upstream::new(Duration::from_millis(cfg.upstream.pool_idle_timeout_ms)));
 
     let conf = ServerConf {
@@ -66,11 +155,12 @@ pub fn run(cfg: Config) -> anyhow::Result<()> {
 
     let state = Arc::new(AppState {
         cfg: cfg.clone(),
-        router: router.clone(),
+        pools,
+        fleet: fleet.clone(),
         metrics: metrics.clone(),
         upstream: upstream.clone(),
         sessions: Arc::new(crate::session::Store::new(&cfg.session).map_err(anyhow::Error::msg)?),
-        ws: crate::ws::Connections::default(),
+        ws: Connections::new(metrics.ws_connections.with_label_values(&["api"])),
     });
     let drain = background_service("warmpath websocket drain", crate::ws::DrainOnShutdown(state.clone()));
     let proxy = pingora::proxy::http_proxy(&server.configuration, WarmpathProxy { state });
@@ -80,26 +170,27 @@ pub fn run(cfg: Config) -> anyhow::Result<()> {
     };
     let mut api = Service::new("warmpath api".to_owned(), app);
     api.add_tcp(&cfg.server.listen.to_string());
+    let ready = fleet.clone();
     let mut admin = Service::new(
         "warmpath admin".to_owned(),
         pingora::apps::http_app::HttpServer::new_app(AdminApp {
             metrics: metrics.clone(),
-            router: router.clone(),
+            unready: Box::new(move || ready.unready()),
             api: cfg.server.listen,
         }),
     );
     admin.add_tcp(&cfg.server.admin.to_string());
     let events = background_service(
         "warmpath kv events",
-        EventFeeds { router: router.clone(), metrics: metrics.clone() },
+        EventFeeds { fleet: fleet.clone(), metrics: metrics.clone() },
     );
     let load = background_service(
         "warmpath load",
-        LoadScraper::new(router.clone(), metrics.clone(), upstream.clone()),
+        LoadScraper::new(fleet.clone(), metrics.clone(), upstream.clone()),
     );
     let health = background_service(
         "warmpath health",
-        HealthChecker { router, cfg: cfg.health.clone(), metrics, upstream },
+        HealthChecker { fleet, cfg: cfg.health.clone(), metrics, upstream },
     );
     server.add_service(api);
     server.add_service(admin);
@@ -121,4 +212,60 @@ pub fn run(cfg: Config) -> anyhow::Result<()> {
     // The replicas live as long as the process.
     let _embedded = embedded;
     server.run_forever()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn parse(file: &str, text: &str) -> Result<Policy, ConfigError> {
+        Policy::parse(&Source { file: file.to_owned(), text: text.to_owned() })
+    }
+
+    fn fixture(name: &str) -> std::path::PathBuf {
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("../wire/tests/data").join(name)
+    }
+
+    /// A ChatML template with tools, as an external model's `tokenizer_config.json` holds it.
+    const TEMPLATE: &str = "{%- if tools %}{{- '<|im_start|>system\\n' }}{%- for tool in tools %}{{- tool | tojson }}{%- endfor %}{%- endif %}{%- for message in messages %}{{- '<|im_start|>' + message.role + '\\n' + (message.content or '') + '<|im_end|>\\n' }}{%- endfor %}{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}";
+
+    #[test]
+    fn policy_files_load_the_tokenizer_and_the_template_beside_it() {
+        let dir = std::env::temp_dir().join(format!("wp-tok-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).expect("dir");
+        std::fs::copy(fixture("llama3-style.tokenizer.json"), dir.join("tokenizer.json")).expect("copy");
+        let config = json!({"chat_template": TEMPLATE, "bos_token": "<|endoftext|>", "eos_token": {"content": "<|im_end|>"}});
+        std::fs::write(dir.join("tokenizer_config.json"), config.to_string()).expect("write");
+        let policy = "[[pools]]\nname = \"p\"\nmodels = [\"*\"]\n[pools.canon]\nenabled = true\ntokenizer_file = \"tokenizer.json\"\n[[pools.backends]]\nname = \"a\"\nurl = \"http://127.0.0.1:8000\"\n";
+        let file = dir.join("p.toml");
+        let loaded = parse(&file.display().to_string(), policy).expect("valid");
+        let ext = loaded.externals[0].as_ref().expect("loaded");
+        assert_eq!(ext.tokenizer.special_id("<|im_end|>"), Some(2));
+        assert!(ext.template.as_ref().expect("found beside").source.ends_with("tokenizer_config.json"));
+
+        // A file that is not there, and one that is not a tokenizer: errors at the key.
+        let e = parse(&file.display().to_string(), &policy.replace("tokenizer.json\"", "missing.json\""))
+            .expect_err("refused");
+        assert!(
+            e.message.contains("pools[0].canon.tokenizer_file") && e.message.contains("cannot read"),
+            "{e}"
+        );
+        assert_eq!(e.line, 6, "{e}");
+        let e = parse(
+            &file.display().to_string(),
+            &policy.replace("tokenizer.json\"", "tokenizer_config.json\""),
+        )
+        .expect_err("refused");
+        assert!(e.message.contains("model"), "{e}");
+        let bad = policy.replace(
+            "tokenizer_file = \"tokenizer.json\"\n",
+            "tokenizer_file = \"tokenizer.json\"\ntokenizer = \"wp32k\"\n",
+        );
+        assert!(parse(&file.display().to_string(), &bad).is_err());
+        let bad = policy.replace("tokenizer_file = \"tokenizer.json\"\n", "chat_template = \"t.jinja\"\n");
+        let e = parse(&file.display().to_string(), &bad).expect_err("refused");
+        assert!(e.message.contains("tokenizer_file"), "{e}");
+        std::fs::remove_dir_all(&dir).ok();
+    }
 }

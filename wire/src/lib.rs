@@ -6,14 +6,17 @@
 //!
 //! - [`openai`]: OpenAI Chat Completions / Completions wire types and the error shape.
 //! - [`tokenizer`]: the built-in `wp32k` BPE tokenizer (no download) and streaming detokenizer.
-//! - [`chat_template`]: the documented template that turns messages and tools into prompt text.
+//! - [`chat_template`]: the documented template that turns messages and tools into prompt text,
+//!   and external models' Jinja templates ([`chat_template::jinja`]).
 //! - [`prefix`]: chained prefix block hashes over token ids (xxh3), as vLLM's prefix cache keys.
 //! - [`kv_events`]: vLLM-compatible KV cache events and their msgpack wire format.
 //! - [`tool_calls`]: Hermes `<tool_call>` blocks in generated text, whole or streaming.
+//! - [`sse`]: server-sent events split out of a byte stream.
 
 pub mod chat_template;
 pub mod kv_events;
 pub mod openai;
 pub mod prefix;
+pub mod sse;
 pub mod tokenizer;
 pub mod tool_calls;

@@ -9,6 +9,20 @@ use xxhash_rust::xxh3::{xxh3_64, Xxh3};
 /// A block's cache key.
 pub type BlockHash = u64;
 
+/// A prompt cut into blocks: what routing keys on.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Blocks {
+    /// Chained keys of the full blocks.
+    pub hashes: Vec<BlockHash>,
+    /// Chained key of the stable prefix (the leading system turn, with the tool block), its
+    /// last partial block included: equal for requests whose stable prefixes are equal.
+    pub prefix_hash: u64,
+    /// Tokens (or bytes, where the tokenizer is not known) of the whole prompt.
+    pub units: usize,
+    /// Units per block.
+    pub per_block: usize,
+}
+
 /// The parent key of the first block when no `cache_salt` is given.
 pub const NONE_HASH: BlockHash = 0x7761_726d_7061_7468; // "warmpath"
 

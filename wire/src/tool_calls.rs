@@ -12,7 +12,7 @@ const CLOSE: &str = "</tool_call>";
 
 /// A piece of parsed output.
 #[derive(Debug, Clone, PartialEq)]
-pub enum Out {
+pub enum Parsed {
     Text(String),
     Call(ToolCall),
 }
@@ -37,7 +37,7 @@ impl CallParser {
         self.calls
     }
 
-    pub fn push(&mut self, text: &str) -> Vec<Out> {
+    pub fn push(&mut self, text: &str) -> Vec<Parsed> {
         self.buf.push_str(text);
         let mut out = Vec::new();
         loop {
@@ -47,12 +47,12 @@ impl CallParser {
                 self.buf.drain(..end + CLOSE.len());
                 self.in_call = false;
                 match self.call(&body) {
-                    Some(c) => out.push(Out::Call(c)),
-                    None => out.push(Out::Text(format!("{OPEN}{body}{CLOSE}"))),
+                    Some(c) => out.push(Parsed::Call(c)),
+                    None => out.push(Parsed::Text(format!("{OPEN}{body}{CLOSE}"))),
                 }
             } else if let Some(start) = self.buf.find(OPEN) {
                 if start > 0 {
-                    out.push(Out::Text(self.buf[..start].to_owned()));
+                    out.push(Parsed::Text(self.buf[..start].to_owned()));
                 }
                 self.buf.drain(..start + OPEN.len());
                 self.in_call = true;
@@ -67,7 +67,7 @@ impl CallParser {
                     .unwrap_or(0);
                 let send = self.buf.len() - keep;
                 if send > 0 {
-                    out.push(Out::Text(self.buf[..send].to_owned()));
+                    out.push(Parsed::Text(self.buf[..send].to_owned()));
                     self.buf.drain(..send);
                 }
                 break;
@@ -77,13 +77,13 @@ impl CallParser {
     }
 
     /// The end of the output: whatever is held back is text.
-    pub fn finish(&mut self) -> Vec<Out> {
+    pub fn finish(&mut self) -> Vec<Parsed> {
         let rest = std::mem::take(&mut self.buf);
         let text = if std::mem::replace(&mut self.in_call, false) { format!("{OPEN}{rest}") } else { rest };
         if text.is_empty() {
             Vec::new()
         } else {
-            vec![Out::Text(text)]
+            vec![Parsed::Text(text)]
         }
     }
 
@@ -110,8 +110,8 @@ pub fn parse(text: &str, id_prefix: &str) -> (Option<String>, Vec<ToolCall>) {
     let mut calls = Vec::new();
     for o in outs {
         match o {
-            Out::Text(t) => content.push_str(&t),
-            Out::Call(c) => calls.push(c),
+            Parsed::Text(t) => content.push_str(&t),
+            Parsed::Call(c) => calls.push(c),
         }
     }
     let content = if calls.is_empty() {
@@ -151,12 +151,14 @@ mod tests {
             outs.extend(p.push(piece));
         }
         outs.extend(p.finish());
-        let texts: Vec<&str> =
-            outs.iter().filter_map(|o| if let Out::Text(t) = o { Some(t.as_str()) } else { None }).collect();
+        let texts: Vec<&str> = outs
+            .iter()
+            .filter_map(|o| if let Parsed::Text(t) = o { Some(t.as_str()) } else { None })
+            .collect();
         assert_eq!(texts.concat(), "Hi  bye <b");
         assert_eq!(p.calls(), 1);
         assert!(outs
             .iter()
-            .any(|o| matches!(o, Out::Call(c) if c.function.name == "f" && c.function.arguments == "{}")));
+            .any(|o| matches!(o, Parsed::Call(c) if c.function.name == "f" && c.function.arguments == "{}")));
     }
 }

@@ -25,7 +25,7 @@ use crate::replay::{self, Connection, Outcome, Progress};
 use crate::targets::{self, Target};
 use crate::trace::{self, TraceOpts};
 use crate::workload::Request;
-use crate::{overhead, procfs, stats};
+use crate::{procfs, stats};
 use summary::Context;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -503,8 +503,8 @@ pub async fn run(mut a: Args) -> anyhow::Result<()> {
     if let Some(dir) = out_dir {
         std::fs::create_dir_all(&dir)?;
         let stem = match a.workload {
-            Workload::Trace => format!("compare-trace-{}-{}", value_name(a.scenario), overhead::date()),
-            Workload::Agent => format!("compare-agent-{}", overhead::date()),
+            Workload::Trace => format!("compare-trace-{}-{}", value_name(a.scenario), crate::report::date()),
+            Workload::Agent => format!("compare-agent-{}", crate::report::date()),
         };
         std::fs::write(dir.join(format!("{stem}.svg")), ctx.chart(&runs))?;
         let md = md.replace("CHART", &format!("![hit rate and TTFT by target]({stem}.svg)"));

@@ -5,7 +5,6 @@ use std::fmt::Write as _;
 
 use super::{value_name, Args, Run, Slot};
 use crate::fleet::{Counters, BLOCK_SIZE};
-use crate::overhead;
 use crate::refs::HitRate;
 use crate::replay::Outcome;
 use crate::report::{self, Chart};
@@ -99,7 +98,7 @@ impl Context<'_> {
             Some(_) => format!("Trace replay, {} scenario", value_name(a.scenario)),
             None => "Agent sessions".to_owned(),
         };
-        let _ = writeln!(md, "# {title} — {}\n", overhead::date());
+        let _ = writeln!(md, "# {title} — {}\n", crate::report::date());
         let _ =
             writeln!(md, "Command: `{}` (release build; peers from `scripts/bench-peers`)\n", cmd.join(" "));
         let _ = writeln!(

@@ -16,7 +16,7 @@ use warmpath_wire::tokenizer::IM_END;
 
 use super::generate::{self, ChunkFormat, ResponseMeta, SamplingFields};
 use super::{check_model, read_body, AppState, ErrorReply};
-use warmpath_wire::tool_calls::{self, CallParser, Out};
+use warmpath_wire::tool_calls::{self, CallParser, Parsed};
 
 pub async fn handle(State(state): State<Arc<AppState>>, body: Body) -> Response {
     match run(state, body).await {
@@ -139,13 +139,13 @@ impl ChatFormat {
 }
 
 /// Parsed output as a delta: its text as content, its calls as whole tool-call deltas.
-fn delta_of(outs: Vec<Out>, first_call: usize) -> Delta {
+fn delta_of(outs: Vec<Parsed>, first_call: usize) -> Delta {
     let mut delta = Delta::default();
     let mut n = first_call as u32;
     for o in outs {
         match o {
-            Out::Text(t) => delta.content.get_or_insert_with(String::new).push_str(&t),
-            Out::Call(ToolCall { id, kind, function }) => {
+            Parsed::Text(t) => delta.content.get_or_insert_with(String::new).push_str(&t),
+            Parsed::Call(ToolCall { id, kind, function }) => {
                 delta.tool_calls.get_or_insert_with(Vec::new).push(ToolCallDelta {
                     index: n,
                     id: Some(id),

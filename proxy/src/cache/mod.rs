@@ -17,7 +17,7 @@ use serde_json::value::RawValue;
 use xxhash_rust::xxh3::Xxh3;
 
 use crate::config::ResponseCacheConfig;
-use crate::http::request::{LlmRequest, LlmRoute};
+use crate::request::{LlmRequest, LlmRoute};
 
 /// Bytes an entry costs beyond its body: the map slot, the entry, its header value.
 const ENTRY_OVERHEAD: usize = 128;
@@ -80,7 +80,7 @@ pub fn verdict(req: &LlmRequest<'_>) -> Verdict {
     if !matches!(req.route, LlmRoute::Chat | LlmRoute::Completions) {
         return Verdict::Bypass("route");
     }
-    let field = |name: &str| req.extra.iter().find(|(k, _)| k.0 == name).map(|(_, v)| *v);
+    let field = |name: &str| req.extra_raw(name);
     let number = |v: Option<&RawValue>| v.and_then(|v| serde_json::from_str::<f64>(v.get()).ok());
     if let Some(n) = field("n") {
         if number(Some(n)) != Some(1.0) && n.get() != "null" {
@@ -93,33 +93,6 @@ pub fn verdict(req: &LlmRequest<'_>) -> Verdict {
         Verdict::Eligible
     } else {
         Verdict::Bypass("sampled")
-    }
-}
-
-/// What the client's `Cache-Control` asks of the cache.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub struct Directives {
-    /// `no-cache`: do not answer from the cache (the answer may still be kept).
-    pub no_lookup: bool,
-    /// `no-store`: neither answer from nor keep.
-    pub no_store: bool,
-}
-
-impl Directives {
-    pub fn parse(header: Option<&[u8]>) -> Directives {
-        let mut d = Directives::default();
-        let Some(h) = header.and_then(|h| std::str::from_utf8(h).ok()) else { return d };
-        for part in h.split(',') {
-            match part.trim().to_ascii_lowercase().as_str() {
-                "no-cache" => d.no_lookup = true,
-                "no-store" => {
-                    d.no_lookup = true;
-                    d.no_store = true;
-                }
-                _ => {}
-            }
-        }
-        d
     }
 }
 
@@ -404,15 +377,5 @@ mod tests {
         assert!(c.get(9).is_some());
         std::thread::sleep(Duration::from_millis(1100));
         assert!(c.get(9).is_none(), "past its TTL");
-    }
-
-    #[test]
-    fn cache_control() {
-        assert_eq!(Directives::parse(None), Directives::default());
-        assert_eq!(
-            Directives::parse(Some(b"max-age=0, No-Cache")),
-            Directives { no_lookup: true, no_store: false }
-        );
-        assert_eq!(Directives::parse(Some(b"no-store")), Directives { no_lookup: true, no_store: true });
     }
 }

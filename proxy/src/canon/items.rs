@@ -10,27 +10,26 @@ use serde::Deserialize;
 use serde_json::value::RawValue;
 use warmpath_wire::chat_template::{tool_call_text, PromptBuilder};
 
-use super::json;
-use super::tools::CanonTool;
-use crate::http::request::{ContentView, Str};
+use crate::request::{json, BodyStr, ContentView};
+use crate::tools::def::CanonTool;
 use crate::tools::{result_text, DeferredSet, SEARCH_TOOL};
 
 /// One input item, as far as warmpath reads it; the rest stays in its bytes.
 #[derive(Deserialize)]
 struct ItemView<'a> {
     #[serde(borrow, rename = "type", default)]
-    kind: Option<Str<'a>>,
+    kind: Option<BodyStr<'a>>,
     #[serde(borrow, default)]
-    role: Option<Str<'a>>,
+    role: Option<BodyStr<'a>>,
     #[serde(borrow, default)]
     content: Option<&'a RawValue>,
     #[serde(borrow, default)]
-    name: Option<Str<'a>>,
+    name: Option<BodyStr<'a>>,
     /// A JSON string for `function_call`, an object for `tool_search_call`.
     #[serde(borrow, default)]
     arguments: Option<&'a RawValue>,
     #[serde(borrow, default)]
-    call_id: Option<Str<'a>>,
+    call_id: Option<BodyStr<'a>>,
     #[serde(borrow, default)]
     output: Option<&'a RawValue>,
     #[serde(borrow, default)]

@@ -13,33 +13,36 @@
 //! Everything here is a pure function of the request and the pool's policy (the caches only
 //! save work), and canonicalizing a canonical request changes nothing.
 
+mod body;
+mod chat;
+mod external;
 mod items;
-pub mod json;
 pub mod render;
 mod responses;
-mod template;
-pub mod tools;
 pub mod turns;
 pub mod volatile;
 
 use std::borrow::Cow;
 use std::sync::Arc;
+use std::time::Duration;
 
 use serde::Deserialize;
-use serde_json::value::RawValue;
-use serde_json::{Map, Value};
-use warmpath_wire::chat_template::{tool_call_text, Piece, PromptBuilder};
+use serde_json::Value;
+use warmpath_wire::chat_template::jinja::JinjaTemplate;
+use warmpath_wire::chat_template::Piece;
 use warmpath_wire::openai::ApiError;
+use warmpath_wire::prefix::Blocks;
 use warmpath_wire::tokenizer::Tokenizer;
 
 use crate::config::{CanonConfig, NoteRole, TokenizerKind, ToolsConfig};
-use crate::http::request::{ContentView, LlmRequest, LlmRoute, MessageView, Str};
-use crate::tools::search::{self, SearchPlan};
-use crate::tools::{DeferredSet, Deferrer, Form, SEARCH_TOOL};
+use crate::observe::Metrics;
+use crate::request::{BodyStr, LlmRequest, LlmRoute};
+use crate::tools::def::{CanonTool, ToolCache};
+use crate::tools::search::SearchPlan;
+use crate::tools::Deferrer;
+pub use external::External;
 pub use items::text_of;
-pub use render::{Blocks, Encoder, Lookups, TokenCache};
-pub use template::ChatTemplate;
-use tools::{CanonTool, ToolCache};
+pub use render::{Encoder, Lookups, TokenCache};
 use volatile::Volatile;
 
 /// Share of `token_cache_mib` given to canonical tools.
@@ -57,7 +60,7 @@ pub struct Canon {
     note_role: &'static str,
     encoder: Encoder,
     /// An external model's own chat template; `None` renders the built-in ChatML layout.
-    template: Option<Arc<ChatTemplate>>,
+    template: Option<Arc<JinjaTemplate>>,
     /// Prompts are rendered and tokenized exactly as the backends do (the bundled engine's
     /// tokenizer and template), so token ids can be sent in their place.
     exact_ids: bool,
@@ -104,17 +107,18 @@ pub struct Prepared {
 }
 
 impl Canon {
-    /// `embedded`: the pool's backends are bundled engines, whose tokenizer is known.
-    pub fn new(cfg: &CanonConfig, tools: &ToolsConfig, embedded: bool) -> Canon {
+    /// `embedded`: the pool's backends are bundled engines, whose tokenizer is known;
+    /// `external`: the tokenizer and template files `cfg` names, loaded ([`External::load`]).
+    pub fn new(cfg: &CanonConfig, tools: &ToolsConfig, embedded: bool, external: Option<External>) -> Canon {
         let bytes = cfg.token_cache_mib.saturating_mul(1 << 20);
-        let tok = match (&cfg.external, cfg.tokenizer) {
+        let tok = match (&external, cfg.tokenizer) {
             (Some(e), _) => Some(e.tokenizer.clone()),
             (None, TokenizerKind::Auto) => embedded.then(Tokenizer::wp32k),
             (None, TokenizerKind::Wp32k) => Some(Tokenizer::wp32k()),
             (None, TokenizerKind::None) => None,
         };
         // The bundled engine's tokenizer and template: what warmpath renders is what it renders.
-        let exact_ids = cfg.external.is_none() && tok.is_some();
+        let exact_ids = external.is_none() && tok.is_some();
         let encoder = match tok {
             Some(tok) => Encoder::Tokens {
                 tok,
@@ -133,7 +137,7 @@ impl Canon {
                 NoteRole::User => "user",
             },
             encoder,
-            template: cfg.external.as_ref().and_then(|e| e.template.clone()),
+            template: external.and_then(|e| e.template),
             exact_ids,
             tools: ToolCache::new(bytes / TOOL_CACHE_SHARE),
             defer: Deferrer::new(tools),
@@ -203,179 +207,12 @@ impl Canon {
         Some(m)
     }
 
-    fn prepare_chat(&self, req: &LlmRequest<'_>, hash: bool) -> Result<Prepared, ApiError> {
-        let mut edits = Edits::default();
-        let mut lookups = Lookups::default();
-        let tools = self.tools(req)?;
-        let lead_system =
-            req.messages.first().is_some_and(|m| matches!(m.role.0.as_ref(), "system" | "developer"));
-        let system_text =
-            lead_system.then(|| req.messages[0].content.as_ref().and_then(ContentView::text)).flatten();
-        let moved = self.split_system(system_text.as_deref(), &mut edits);
-        let note = moved.as_ref().map(|m| m.lines.join("\n"));
-        if let Some((_, changed)) = &tools {
-            edits.tools_reordered = *changed;
-        }
-        // Searches are answered for one choice; with `n` > 1 every tool stays.
-        let one_choice =
-            raw_field(req, "n").is_none_or(|n| n.get().trim() == "1" || n.get().trim() == "null");
-        let plan = match (&self.defer, &tools) {
-            (Some(d), Some((list, _))) if self.rewrite && one_choice => {
-                d.plan(list, named_tool(req).as_deref(), Form::Chat, &|t| self.count_tokens(t))
-            }
-            _ => None,
-        };
-        let sent_tools: Option<&[Arc<CanonTool>]> =
-            plan.as_ref().map(|p| p.kept.as_slice()).or(tools.as_ref().map(|(t, _)| t.as_slice()));
-        let reinserts = plan.as_ref().map(|p| reinserts(&p.set, &req.messages)).unwrap_or_default();
-        if let Some(p) = &plan {
-            edits.deferred = Some(Deferred {
-                tools: p.set.tools.len(),
-                saved_bytes: p.set.saved_bytes,
-                saved_tokens: p.set.saved_tokens,
-                reinserted: reinserts.iter().flatten().count(),
-            });
-        }
-
-        let mut messages_end = 0;
-        let body = self.rewrite.then(|| {
-            let mut b = Body::new(req.model());
-            b.key("messages");
-            b.out.push('[');
-            for (i, raw) in req.raw_messages.iter().enumerate() {
-                if i > 0 {
-                    b.out.push(',');
-                }
-                if let Some(Some(r)) = reinserts.get(i) {
-                    b.out.push_str(&r.call_json);
-                    b.out.push(',');
-                    b.out.push_str(&search::tool_message(&r.id, &r.result));
-                    b.out.push(',');
-                }
-                match (&moved, i) {
-                    (Some(m), 0) => b.out.push_str(&with_content(raw.get(), &m.kept)),
-                    _ => b.out.push_str(&json::minify(raw.get())),
-                }
-            }
-            if let Some(n) = &note {
-                b.out.push(',');
-                b.out.push_str(&note_message(self.note_role, n));
-            }
-            messages_end = b.out.len();
-            b.out.push(']');
-            b.extras(req, sent_tools);
-            b.finish()
-        });
-        // An external template renders the body the backend gets; the built-in layout renders
-        // the request views (no second parse).
-        let templated = match (&self.template, hash) {
-            (Some(t), true) => self.template_blocks(t, body.as_deref(), req, &mut lookups),
-            _ => None,
-        };
-        let blocks = templated.or_else(|| {
-            hash.then(|| {
-                let mut stable = PromptBuilder::default();
-                let system = match (&moved, lead_system) {
-                    (Some(m), _) => Some(Cow::Borrowed(m.kept.as_str())),
-                    (None, true) => Some(system_text.clone().unwrap_or_default()),
-                    (None, false) => None,
-                };
-                let lines = sent_tools.iter().flat_map(|t| t.iter().map(|t| t.line.as_str()));
-                stable.system_turn(system.as_deref(), lines);
-                let mut rest = PromptBuilder::default();
-                let skip = usize::from(lead_system);
-                for (i, m) in req.messages.iter().enumerate().skip(skip) {
-                    if let Some(Some(r)) = reinserts.get(i) {
-                        rest.turn("assistant", "", [tool_call_text(SEARCH_TOOL, &r.arguments).as_str()]);
-                        rest.tool_result(&r.id, &r.result);
-                    }
-                    render_message(&mut rest, m);
-                }
-                if let Some(n) = &note {
-                    rest.turn(self.note_role, n, []);
-                }
-                rest.generation_prompt();
-                self.blocks(stable.finish(), rest.finish(), req, &mut lookups)
-            })
-        });
-        let search = match (&plan, &self.defer) {
-            (Some(p), Some(d)) => Some(SearchPlan {
-                set: p.set.clone(),
-                limit: d.limit,
-                max_rounds: d.max_rounds,
-                messages_end,
-                form: Form::Chat,
-                native: false,
-            }),
-            _ => None,
-        };
-        Ok(Prepared { body, blocks, edits, lookups, search })
-    }
-
     /// Tokens of `text` as content (0 without a tokenizer).
     fn count_tokens(&self, text: &str) -> usize {
         match &self.encoder {
             Encoder::Tokens { tok, .. } => tok.encode(text).len(),
             Encoder::Bytes { .. } => 0,
         }
-    }
-
-    /// Blocks of the prompt an external chat template renders from `body` (the request's own
-    /// when not rewriting); `None` when the template fails, which falls back to the built-in
-    /// layout. The stable prefix is the render of the leading system message with the tools,
-    /// cut back to where the tokenizer surely splits.
-    fn template_blocks(
-        &self,
-        t: &ChatTemplate,
-        body: Option<&[u8]>,
-        req: &LlmRequest<'_>,
-        n: &mut Lookups,
-    ) -> Option<Blocks> {
-        let Encoder::Tokens { tok, .. } = &self.encoder else { return None };
-        use minijinja::Value as JValue;
-        #[derive(Deserialize)]
-        struct Input {
-            messages: Vec<JValue>,
-            tools: Option<Vec<JValue>>,
-            chat_template_kwargs: Option<JValue>,
-        }
-        let input = match body {
-            Some(b) => serde_json::from_slice::<Input>(b).ok()?,
-            None => Input {
-                messages: req.raw_messages.iter().filter_map(|r| template::parse(r.get())).collect(),
-                tools: req
-                    .tools
-                    .as_ref()
-                    .map(|(_, l)| l.iter().filter_map(|r| template::parse(r.get())).collect()),
-                chat_template_kwargs: raw_field(req, "chat_template_kwargs")
-                    .and_then(|r| template::parse(r.get())),
-            },
-        };
-        let kwargs = input.chat_template_kwargs.as_ref();
-        let tools = input.tools.as_deref();
-        let full = t
-            .render(&input.messages, tools, true, kwargs)
-            .map_err(|e| tracing::debug!(template = %t.source, "chat template failed: {e}"))
-            .ok()?;
-        let lead = input.messages.first().filter(|m| {
-            m.get_attr("role").ok().is_some_and(|r| matches!(r.as_str(), Some("system" | "developer")))
-        });
-        let stable = match lead {
-            Some(m) => t.render(std::slice::from_ref(m), tools, false, kwargs).ok()?,
-            None => String::new(),
-        };
-        let mut cut = full.bytes().zip(stable.bytes()).take_while(|(a, b)| a == b).count();
-        while !tok.splits_at(&full, cut) {
-            cut -= 1;
-        }
-        let (a, b) = full.split_at(cut);
-        let salt = salt_of(req);
-        Some(self.encoder.blocks_counted(
-            &[Piece::Rendered(a.to_owned())],
-            &[Piece::Rendered(b.to_owned())],
-            salt.as_deref(),
-            n,
-        ))
     }
 
     /// Completions and embeddings: the prompt as sent (text, or token ids).
@@ -389,10 +226,10 @@ impl Canon {
         #[serde(untagged)]
         enum Prompt<'a> {
             #[serde(borrow)]
-            Text(Str<'a>),
+            Text(BodyStr<'a>),
             Ids(Vec<u32>),
             #[serde(borrow)]
-            Texts(Vec<Str<'a>>),
+            Texts(Vec<BodyStr<'a>>),
             Batch(Vec<Vec<u32>>),
         }
         // A batch is keyed by its first prompt.
@@ -407,6 +244,35 @@ impl Canon {
         }
     }
 
+    /// Counts what [`Canon::prepare`] did to one of `pool`'s requests, and how long it took.
+    pub fn record(&self, m: &Metrics, pool: &str, p: &Prepared, took: Duration) {
+        if p.body.is_none() && p.blocks.is_none() {
+            return;
+        }
+        m.canon_duration.with_label_values(&[pool]).observe(took.as_secs_f64());
+        if p.edits.tools_reordered {
+            m.canon_edits.with_label_values(&[pool, "tools_reordered"]).inc();
+        }
+        if !p.edits.moved.is_empty() {
+            m.canon_edits.with_label_values(&[pool, "volatile_moved"]).inc();
+        }
+        if let Some(d) = &p.edits.deferred {
+            m.tools_deferred.with_label_values(&[pool]).inc_by(d.tools as u64);
+            m.tools_saved_bytes.with_label_values(&[pool]).inc_by(d.saved_bytes as u64);
+            m.tools_saved_tokens.with_label_values(&[pool]).inc_by(d.saved_tokens as u64);
+            m.tools_reinserted.with_label_values(&[pool]).inc_by(d.reinserted as u64);
+        }
+        for (rule, bytes) in &p.edits.moved {
+            m.canon_moved_bytes.with_label_values(&[pool, rule]).inc_by(*bytes as u64);
+        }
+        if let (Some(b), Some(cache)) = (&p.blocks, self.encoder.cache()) {
+            m.prompt_tokens.with_label_values(&[pool]).observe(b.units as f64);
+            m.token_cache_lookups.with_label_values(&[pool, "hit"]).inc_by(p.lookups.hits);
+            m.token_cache_lookups.with_label_values(&[pool, "miss"]).inc_by(p.lookups.misses);
+            m.token_cache_bytes.with_label_values(&[pool]).set(cache.weighted_size() as i64);
+        }
+    }
+
     fn blocks(&self, stable: Vec<Piece>, rest: Vec<Piece>, req: &LlmRequest<'_>, n: &mut Lookups) -> Blocks {
         self.encoder.blocks_counted(&stable, &rest, salt_of(req).as_deref(), n)
     }
@@ -414,161 +280,13 @@ impl Canon {
 
 /// The function `tool_choice` names, if any.
 fn named_tool(req: &LlmRequest<'_>) -> Option<String> {
-    let raw = raw_field(req, "tool_choice")?;
+    let raw = req.extra_raw("tool_choice")?;
     let v: Value = serde_json::from_str(raw.get()).ok()?;
     v.pointer("/function/name").or_else(|| v.get("name")).and_then(Value::as_str).map(str::to_owned)
 }
 
-/// A search put back into the history: before the assistant message that first calls deferred
-/// tools, a `tool_search` call for them and its result, so that the model sees the definitions
-/// of the tools it uses.
-#[derive(Debug)]
-struct Reinsert {
-    id: String,
-    arguments: String,
-    call_json: String,
-    result: String,
-}
-
-/// One call of an assistant message's `tool_calls`, read leniently.
-#[derive(Deserialize)]
-struct CallView<'a> {
-    #[serde(borrow, default)]
-    id: Option<Str<'a>>,
-    #[serde(borrow)]
-    function: FunctionView<'a>,
-}
-
-#[derive(Deserialize)]
-struct FunctionView<'a> {
-    #[serde(borrow)]
-    name: Str<'a>,
-    #[serde(borrow, default)]
-    arguments: Option<Str<'a>>,
-}
-
-/// A message's tool calls; none when they do not parse.
-fn calls_of<'a>(m: &MessageView<'a>) -> Vec<CallView<'a>> {
-    m.tool_calls.and_then(|r| serde_json::from_str(r.get()).ok()).unwrap_or_default()
-}
-
-/// Per message, the search to put before it.
-fn reinserts(set: &DeferredSet, messages: &[MessageView<'_>]) -> Vec<Option<Reinsert>> {
-    let mut loaded = std::collections::HashSet::new();
-    messages
-        .iter()
-        .map(|m| {
-            let calls = calls_of(m);
-            let mut missing: Vec<&Arc<CanonTool>> = Vec::new();
-            for c in &calls {
-                if let Some(t) = set.get(&c.function.name.0) {
-                    if loaded.insert(t.name.clone()) {
-                        missing.push(t);
-                    }
-                }
-            }
-            if missing.is_empty() {
-                return None;
-            }
-            let first = calls.first().and_then(|c| c.id.as_ref()).map_or("", |s| s.0.as_ref());
-            let id = format!("ts_{first}");
-            let query = missing.iter().map(|t| t.name.as_str()).collect::<Vec<_>>().join(" ");
-            let (call_json, arguments) = search::synthetic_call(&id, &query);
-            let result = crate::tools::result_text(&query, &missing);
-            Some(Reinsert { id, arguments, call_json, result })
-        })
-        .collect()
-}
-
-fn raw_field<'a>(req: &LlmRequest<'a>, name: &str) -> Option<&'a RawValue> {
-    req.extra.iter().find(|(k, _)| k.0 == name).map(|(_, v)| *v)
-}
-
 fn salt_of(req: &LlmRequest<'_>) -> Option<String> {
     req.extra_str("cache_salt").map(Cow::into_owned)
-}
-
-/// One chat message into the prompt, the way the bundled template renders it.
-fn render_message(b: &mut PromptBuilder, m: &MessageView<'_>) {
-    let text = m.content.as_ref().and_then(ContentView::text).unwrap_or_default();
-    if m.role.0 == "tool" {
-        b.tool_result(m.tool_call_id.as_ref().map_or("", |s| s.0.as_ref()), &text);
-        return;
-    }
-    let calls: Vec<String> = calls_of(m)
-        .iter()
-        .map(|c| {
-            tool_call_text(&c.function.name.0, c.function.arguments.as_ref().map_or("", |a| a.0.as_ref()))
-        })
-        .collect();
-    b.turn(&m.role.0, &text, calls.iter().map(String::as_str));
-}
-
-/// A message object with its `content` replaced by `text`; its other fields kept.
-fn with_content(raw: &str, text: &str) -> String {
-    match serde_json::from_str::<Map<String, Value>>(raw) {
-        Ok(mut m) => {
-            m.insert("content".to_owned(), Value::String(text.to_owned()));
-            Value::Object(m).to_string()
-        }
-        Err(_) => json::minify(raw).into_owned(),
-    }
-}
-
-/// A string `input` as the one user message item it stands for.
-fn user_item(content: &RawValue) -> String {
-    format!("{{\"role\":\"user\",\"content\":{}}}", json::minify(content.get()))
-}
-
-fn note_message(role: &str, text: &str) -> String {
-    format!("{{\"role\":\"{role}\",\"content\":{}}}", json::string(text))
-}
-
-/// A body being written: `{"model":..., ...}`.
-struct Body {
-    out: String,
-}
-
-impl Body {
-    fn new(model: &str) -> Body {
-        let mut out = String::with_capacity(4096);
-        out.push_str("{\"model\":");
-        out.push_str(&json::string(model));
-        Body { out }
-    }
-
-    fn key(&mut self, k: &str) {
-        self.out.push(',');
-        self.out.push_str(&json::string(k));
-        self.out.push(':');
-    }
-
-    /// Every other top-level field in the order sent, `tools` canonical.
-    fn extras(&mut self, req: &LlmRequest<'_>, tools: Option<&[Arc<CanonTool>]>) {
-        let at = req.tools.as_ref().map(|(at, _)| *at);
-        for i in 0..=req.extra.len() {
-            if let (Some(tools), true) = (tools, at == Some(i)) {
-                self.key("tools");
-                self.out.push('[');
-                for (i, t) in tools.iter().enumerate() {
-                    if i > 0 {
-                        self.out.push(',');
-                    }
-                    self.out.push_str(&t.json);
-                }
-                self.out.push(']');
-            }
-            if let Some((k, v)) = req.extra.get(i) {
-                self.key(&k.0);
-                self.out.push_str(&json::minify(v.get()));
-            }
-        }
-    }
-
-    fn finish(mut self) -> Vec<u8> {
-        self.out.push('}');
-        self.out.into_bytes()
-    }
 }
 
 #[cfg(test)]
@@ -582,7 +300,7 @@ pub fn fuzz_check(data: &[u8]) {
     let canon = CANON.get_or_init(|| {
         let cfg = CanonConfig { enabled: true, tokenizer: TokenizerKind::Wp32k, ..CanonConfig::default() };
         let tools = ToolsConfig { defer: true, threshold: 1, ..ToolsConfig::default() };
-        Canon::new(&cfg, &tools, true)
+        Canon::new(&cfg, &tools, true, None)
     });
     for route in [LlmRoute::Chat, LlmRoute::Responses, LlmRoute::Completions, LlmRoute::Embeddings] {
         let Ok(req) = LlmRequest::parse(route, data) else { continue };

@@ -12,26 +12,12 @@ use std::sync::Arc;
 
 use moka::sync::Cache;
 use warmpath_wire::chat_template::Piece;
-use warmpath_wire::prefix::{block_hash, block_hashes, root_hash, BlockHash};
+use warmpath_wire::prefix::{block_hash, block_hashes, root_hash, Blocks};
 use warmpath_wire::tokenizer::{chunks, Tokenizer};
 use xxhash_rust::xxh3::{xxh3_128, Xxh3};
 
 /// Smallest chunk whose ids are cached; most tool definitions and messages are one chunk.
 const MIN_CHUNK: usize = 256;
-
-/// A prompt cut into blocks.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct Blocks {
-    /// Chained keys of the full blocks.
-    pub hashes: Vec<BlockHash>,
-    /// Chained key of the stable prefix (the leading system turn, with the tool block), its
-    /// last partial block included: equal for requests whose stable prefixes are equal.
-    pub prefix_hash: u64,
-    /// Tokens (or bytes, without a tokenizer) of the whole prompt.
-    pub units: usize,
-    /// Units per block.
-    pub per_block: usize,
-}
 
 /// Token-cache lookups of one prompt.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]

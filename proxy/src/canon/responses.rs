@@ -9,14 +9,13 @@ use serde_json::value::RawValue;
 use warmpath_wire::chat_template::PromptBuilder;
 use warmpath_wire::openai::ApiError;
 
+use super::body::{note_message, user_item, Body};
 use super::items::{input_items, render_item, text_of};
-use super::tools::CanonTool;
-use super::{
-    json, named_tool, note_message, raw_field, user_item, Body, Canon, Deferred, Edits, Lookups, Prepared,
-};
-use crate::http::request::{LlmRequest, Str};
+use super::{named_tool, Canon, Deferred, Edits, Lookups, Prepared};
+use crate::request::{json, BodyStr, LlmRequest};
+use crate::tools::def::CanonTool;
 use crate::tools::search::SearchPlan;
-use crate::tools::Form;
+use crate::tools::Api;
 
 impl Canon {
     pub(super) fn prepare_responses(&self, req: &LlmRequest<'_>, hash: bool) -> Result<Prepared, ApiError> {
@@ -26,7 +25,7 @@ impl Canon {
         if let Some((_, changed)) = &tools {
             edits.tools_reordered = *changed;
         }
-        let instructions = req.instructions.and_then(|r| serde_json::from_str::<Str<'_>>(r.get()).ok());
+        let instructions = req.instructions.and_then(|r| serde_json::from_str::<BodyStr<'_>>(r.get()).ok());
         let moved = self.split_system(instructions.as_ref().map(|s| s.0.as_ref()), &mut edits);
         let note = moved.as_ref().map(|m| m.lines.join("\n"));
         let items: Option<Vec<&RawValue>> = req.content.and_then(|c| serde_json::from_str(c.get()).ok());
@@ -36,13 +35,13 @@ impl Canon {
         // every tool, less the hosted search tool the backend may not know).
         let list: &[Arc<CanonTool>] = tools.as_ref().map_or(&[], |(t, _)| t.as_slice());
         let hosted = self.rewrite && self.defer.is_some() && list.iter().any(|t| t.hosted_search);
-        let stream = raw_field(req, "stream").is_some_and(|v| v.get().trim() == "true");
-        let one = raw_field(req, "n").is_none();
+        let stream = req.extra_raw("stream").is_some_and(|v| v.get().trim() == "true");
+        let one = req.extra_raw("n").is_none();
         let tokens = |t: &str| self.count_tokens(t);
         let plan = match &self.defer {
             Some(d) if self.rewrite && !stream && one && hosted => d.plan_marked(list, &tokens),
             Some(d) if self.rewrite && !stream && one => {
-                d.plan(list, named_tool(req).as_deref(), Form::Responses, &tokens)
+                d.plan(list, named_tool(req).as_deref(), Api::Responses, &tokens)
             }
             _ => None,
         };
@@ -157,7 +156,7 @@ impl Canon {
                 limit: d.limit,
                 max_rounds: d.max_rounds,
                 messages_end: input_end,
-                form: Form::Responses,
+                form: Api::Responses,
                 native: hosted,
             }),
             _ => None,

@@ -13,7 +13,7 @@ use crate::config::CanonConfig;
 
 fn canon(rewrite: bool) -> Canon {
     let cfg = CanonConfig { enabled: rewrite, tokenizer: TokenizerKind::Wp32k, ..CanonConfig::default() };
-    Canon::new(&cfg, &ToolsConfig::default(), false)
+    Canon::new(&cfg, &ToolsConfig::default(), false, None)
 }
 
 fn prepare(c: &Canon, body: &[u8]) -> Prepared {
@@ -301,7 +301,7 @@ fn canon_corpus_runs_clean() {
 /// file would load them.
 mod external {
     use super::*;
-    use crate::config::{parse, External};
+    use warmpath_wire::chat_template::jinja::{self, JinjaTemplate};
 
     const TEMPLATE: &str = "{%- if tools %}{{- '<|im_start|>system\\n' }}{%- if messages[0].role == 'system' %}{{- messages[0].content + '\\n\\n' }}{%- endif %}{{- '# Tools\\n<tools>' }}{%- for tool in tools %}{{- '\\n' }}{{- tool | tojson }}{%- endfor %}{{- '\\n</tools><|im_end|>\\n' }}{%- elif messages[0].role == 'system' %}{{- '<|im_start|>system\\n' + messages[0].content + '<|im_end|>\\n' }}{%- endif %}{%- for message in messages %}{%- if message.role != 'system' or not loop.first %}{{- '<|im_start|>' + message.role + '\\n' + (message.content or '') }}{%- for tc in message.tool_calls or [] %}{{- '\\n<tool_call>\\n' + (tc.function | tojson) + '\\n</tool_call>' }}{%- endfor %}{{- '<|im_end|>\\n' }}{%- endif %}{%- endfor %}{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}";
 
@@ -309,17 +309,14 @@ mod external {
         std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../wire/tests/data").join(name)
     }
 
-    fn external_canon(rewrite: bool) -> (Canon, Tokenizer, Arc<ChatTemplate>) {
+    fn external_canon(rewrite: bool) -> (Canon, Tokenizer, Arc<JinjaTemplate>) {
         let tok = Tokenizer::from_file(&fixture("llama3-style.tokenizer.json")).expect("loads");
         let t = Arc::new(
-            ChatTemplate::new(TEMPLATE.into(), String::new(), String::new(), "t".into()).expect("compiles"),
+            JinjaTemplate::new(TEMPLATE.into(), String::new(), String::new(), "t".into()).expect("compiles"),
         );
-        let cfg = CanonConfig {
-            enabled: rewrite,
-            external: Some(External { tokenizer: tok.clone(), template: Some(t.clone()) }),
-            ..CanonConfig::default()
-        };
-        (Canon::new(&cfg, &ToolsConfig::default(), false), tok, t)
+        let cfg = CanonConfig { enabled: rewrite, ..CanonConfig::default() };
+        let external = External { tokenizer: tok.clone(), template: Some(t.clone()) };
+        (Canon::new(&cfg, &ToolsConfig::default(), false, Some(external)), tok, t)
     }
 
     fn body(stamp: &str, reversed: bool) -> Vec<u8> {
@@ -352,11 +349,11 @@ mod external {
         let (c, tok, t) = external_canon(true);
         let p = prepare(&c, &body("2026-12-03T10:00:00Z", false));
         // Read the body sent independently of the proxy's own parse: keys in their order.
-        let sent =
-            super::template::parse(std::str::from_utf8(p.body.as_ref().expect("rewritten")).expect("utf-8"))
-                .expect("json");
-        let list =
-            |k: &str| -> Vec<minijinja::Value> { sent.get_attr(k).expect(k).try_iter().expect(k).collect() };
+        let sent = jinja::parse(std::str::from_utf8(p.body.as_ref().expect("rewritten")).expect("utf-8"))
+            .expect("json");
+        let list = |k: &str| -> Vec<jinja::TemplateValue> {
+            sent.get_attr(k).expect(k).try_iter().expect(k).collect()
+        };
         let text = t.render(&list("messages"), Some(&list("tools")), true, None).expect("renders");
         // Arguments parsed into an object, keys in the body's order (json! sorts them).
         assert!(text.contains("<tool_call>\n{\"arguments\": {\"x\": \"é\"}, \"name\": \"alpha\"}"), "{text}");
@@ -386,59 +383,17 @@ mod external {
     #[test]
     fn a_template_that_raises_falls_back_to_the_builtin_layout() {
         let tok = Tokenizer::from_file(&fixture("llama3-style.tokenizer.json")).expect("loads");
-        let t = ChatTemplate::new(
+        let t = JinjaTemplate::new(
             "{{ raise_exception('no tools here') }}".into(),
             String::new(),
             String::new(),
             "t".into(),
         )
         .expect("compiles");
-        let cfg = CanonConfig {
-            enabled: true,
-            external: Some(External { tokenizer: tok, template: Some(Arc::new(t)) }),
-            ..CanonConfig::default()
-        };
-        let c = Canon::new(&cfg, &ToolsConfig::default(), false);
+        let cfg = CanonConfig { enabled: true, ..CanonConfig::default() };
+        let external = External { tokenizer: tok, template: Some(Arc::new(t)) };
+        let c = Canon::new(&cfg, &ToolsConfig::default(), false, Some(external));
         let p = prepare(&c, &body("x", false));
         assert!(p.blocks.expect("still hashed").hashes.len() > 10);
-    }
-
-    #[test]
-    fn policy_files_load_the_tokenizer_and_the_template_beside_it() {
-        let dir = std::env::temp_dir().join(format!("wp-tok-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).expect("dir");
-        std::fs::copy(fixture("llama3-style.tokenizer.json"), dir.join("tokenizer.json")).expect("copy");
-        let config = json!({"chat_template": TEMPLATE, "bos_token": "<|endoftext|>", "eos_token": {"content": "<|im_end|>"}});
-        std::fs::write(dir.join("tokenizer_config.json"), config.to_string()).expect("write");
-        let policy = "[[pools]]\nname = \"p\"\nmodels = [\"*\"]\n[pools.canon]\nenabled = true\ntokenizer_file = \"tokenizer.json\"\n[[pools.backends]]\nname = \"a\"\nurl = \"http://127.0.0.1:8000\"\n";
-        let file = dir.join("p.toml");
-        let cfg = parse(&file.display().to_string(), policy).expect("valid");
-        let ext = cfg.pools[0].canon.external.as_ref().expect("loaded");
-        assert_eq!(ext.tokenizer.special_id("<|im_end|>"), Some(2));
-        assert!(ext.template.as_ref().expect("found beside").source.ends_with("tokenizer_config.json"));
-
-        // A file that is not there, and one that is not a tokenizer: errors at the key.
-        let e = parse(&file.display().to_string(), &policy.replace("tokenizer.json\"", "missing.json\""))
-            .expect_err("refused");
-        assert!(
-            e.message.contains("pools[0].canon.tokenizer_file") && e.message.contains("cannot read"),
-            "{e}"
-        );
-        assert_eq!(e.line, 6, "{e}");
-        let e = parse(
-            &file.display().to_string(),
-            &policy.replace("tokenizer.json\"", "tokenizer_config.json\""),
-        )
-        .expect_err("refused");
-        assert!(e.message.contains("model"), "{e}");
-        let bad = policy.replace(
-            "tokenizer_file = \"tokenizer.json\"\n",
-            "tokenizer_file = \"tokenizer.json\"\ntokenizer = \"wp32k\"\n",
-        );
-        assert!(parse(&file.display().to_string(), &bad).is_err());
-        let bad = policy.replace("tokenizer_file = \"tokenizer.json\"\n", "chat_template = \"t.jinja\"\n");
-        let e = parse(&file.display().to_string(), &bad).expect_err("refused");
-        assert!(e.message.contains("tokenizer_file"), "{e}");
-        std::fs::remove_dir_all(&dir).ok();
     }
 }

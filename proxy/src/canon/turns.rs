@@ -7,10 +7,11 @@
 use warmpath_wire::chat_template::PromptBuilder;
 use warmpath_wire::openai::ApiError;
 
-use super::{render_message, Canon, Edits};
-use crate::http::request::MessageView;
+use super::chat::render_message;
+use super::{Canon, Edits};
+use crate::request::MessageView;
 use crate::tools::search::SearchPlan;
-use crate::tools::Form;
+use crate::tools::Api;
 
 /// A turn's prompt around its conversation: the system turn before it, the note and the
 /// generation prompt after it.
@@ -73,14 +74,14 @@ impl Canon {
         }
         let mut search = None;
         if let Some(d) = self.defer.as_ref().filter(|_| self.rewrite) {
-            if let Some(plan) = d.plan(&list, None, Form::Chat, &|t| self.count_tokens(t)) {
+            if let Some(plan) = d.plan(&list, None, Api::Chat, &|t| self.count_tokens(t)) {
                 list = plan.kept;
                 search = Some(SearchPlan {
                     set: plan.set,
                     limit: d.limit,
                     max_rounds: d.max_rounds,
                     messages_end: 0,
-                    form: Form::Chat,
+                    form: Api::Chat,
                     native: false,
                 });
             }
@@ -117,7 +118,7 @@ mod tests {
 
     fn canon() -> Canon {
         let cfg = CanonConfig { enabled: true, tokenizer: TokenizerKind::Wp32k, ..CanonConfig::default() };
-        Canon::new(&cfg, &ToolsConfig::default(), true)
+        Canon::new(&cfg, &ToolsConfig::default(), true, None)
     }
 
     /// The prompt built from stored ids equals the engine's rendering of the same chat request.

@@ -4,15 +4,11 @@
 use std::fmt;
 use std::ops::Range;
 use std::path::Path;
-use std::sync::Arc;
 
 use toml::de::{DeTable, DeValue};
 use toml::Spanned;
 
-use warmpath_wire::tokenizer::Tokenizer;
-
-use super::{validate, Config, External, Invalid, PathSeg};
-use crate::canon::ChatTemplate;
+use super::{validate, Config, Invalid, PathSeg};
 
 /// A policy file that cannot be used, with the place that is wrong.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -32,67 +28,65 @@ impl fmt::Display for ConfigError {
 
 impl std::error::Error for ConfigError {}
 
+/// A policy file's text and the name its errors give it.
+#[derive(Debug, Clone)]
+pub struct Source {
+    pub file: String,
+    pub text: String,
+}
+
+impl Source {
+    /// Reads the policy file at `path`.
+    pub fn read(path: &Path) -> Result<Source, ConfigError> {
+        let file = path.display().to_string();
+        let text = std::fs::read_to_string(path).map_err(|e| ConfigError {
+            file: file.clone(),
+            line: 0,
+            col: 0,
+            message: format!("cannot read: {e}"),
+        })?;
+        Ok(Source { file, text })
+    }
+
+    /// The directory relative paths in the file are resolved against.
+    pub fn dir(&self) -> &Path {
+        Path::new(&self.file).parent().unwrap_or(Path::new(""))
+    }
+
+    /// `inv` located in this file.
+    pub fn locate(&self, inv: &Invalid) -> ConfigError {
+        locate(&self.file, &self.text, inv)
+    }
+}
+
 /// Reads, parses and validates the policy file at `path`.
 pub fn load(path: &Path) -> Result<Config, ConfigError> {
-    let file = path.display().to_string();
-    let text = std::fs::read_to_string(path).map_err(|e| ConfigError {
-        file: file.clone(),
-        line: 0,
-        col: 0,
-        message: format!("cannot read: {e}"),
-    })?;
-    parse(&file, &text)
+    let src = Source::read(path)?;
+    parse(&src.file, &src.text)
 }
 
 /// Parses and validates policy text; `file` names it in errors.
 pub fn parse(file: &str, text: &str) -> Result<Config, ConfigError> {
-    let at = |span: Option<Range<usize>>, message: String| {
-        let (line, col) = span.map(|s| line_col(text, s.start)).unwrap_or((1, 1));
-        ConfigError { file: file.to_owned(), line, col, message }
-    };
-    let mut cfg: Config = toml::from_str(text).map_err(|e| at(e.span(), e.message().to_owned()))?;
-    let located = |inv: Invalid| {
-        let span = DeTable::parse(text).ok().and_then(|doc| locate(&doc, &inv.path));
-        at(span, inv.to_string())
-    };
-    validate(&cfg).map_err(located)?;
-    let base = Path::new(file).parent().unwrap_or(Path::new(""));
-    load_files(&mut cfg, base).map_err(located)?;
+    let cfg: Config = toml::from_str(text).map_err(|e| at(file, text, e.span(), e.message().to_owned()))?;
+    validate(&cfg).map_err(|inv| locate(file, text, &inv))?;
     Ok(cfg)
 }
 
-/// Loads the tokenizer and chat-template files the pools name, relative to `base`.
-fn load_files(cfg: &mut Config, base: &Path) -> Result<(), Invalid> {
-    for (i, pool) in cfg.pools.iter_mut().enumerate() {
-        let canon = &mut pool.canon;
-        let Some(file) = &canon.tokenizer_file else { continue };
-        let at = |key: &str, message: String| Invalid {
-            path: vec![
-                PathSeg::Key("pools".into()),
-                PathSeg::Index(i),
-                PathSeg::Key("canon".into()),
-                PathSeg::Key(key.into()),
-            ],
-            message,
-        };
-        let file = base.join(file);
-        let tokenizer = Tokenizer::from_file(&file)
-            .map_err(|e| at("tokenizer_file", format!("{}: {e}", file.display())))?;
-        let template_file = match &canon.chat_template {
-            Some(t) => Some(base.join(t)),
-            None => ChatTemplate::beside(&file),
-        };
-        let template = match template_file {
-            None => None,
-            Some(t) => Some(Arc::new(ChatTemplate::load(&t).map_err(|e| at("chat_template", e))?)),
-        };
-        canon.external = Some(External { tokenizer, template });
-    }
-    Ok(())
+/// `inv` as an error at its key's place in `text` (or at the closest table above it that is
+/// there): for what the stages find wrong when they build from a valid file (a tokenizer file
+/// that does not load).
+pub fn locate(file: &str, text: &str, inv: &Invalid) -> ConfigError {
+    let span = DeTable::parse(text).ok().and_then(|doc| span_of(&doc, &inv.path));
+    at(file, text, span, inv.to_string())
+}
+
+fn at(file: &str, text: &str, span: Option<Range<usize>>, message: String) -> ConfigError {
+    let (line, col) = span.map(|s| line_col(text, s.start)).unwrap_or((1, 1));
+    ConfigError { file: file.to_owned(), line, col, message }
 }
 
 /// The span of the value at `path`, or of the closest table above it that exists.
-fn locate(doc: &Spanned<DeTable<'_>>, path: &[PathSeg]) -> Option<Range<usize>> {
+fn span_of(doc: &Spanned<DeTable<'_>>, path: &[PathSeg]) -> Option<Range<usize>> {
     let mut span = doc.span();
     let mut table = Some(doc.get_ref());
     let mut value: Option<&Spanned<DeValue<'_>>> = None;

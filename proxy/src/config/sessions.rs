@@ -3,6 +3,8 @@
 
 use serde::Deserialize;
 
+use super::RedisUrl;
+
 /// `[session]`: the conversation store behind `previous_response_id` (Responses over HTTP and
 /// WebSocket).
 #[derive(Debug, Clone, Deserialize)]
@@ -14,7 +16,7 @@ pub struct ConversationConfig {
     /// Seconds a stored response can be continued after it was made.
     pub ttl_s: u64,
     /// Redis store: `redis://[:password@]host:port[/db]`.
-    pub redis_url: Option<String>,
+    pub redis_url: Option<RedisUrl>,
     /// Redis store: the most a command may take, connecting included.
     pub redis_timeout_ms: u64,
 }

@@ -72,6 +72,54 @@ impl<'de> Deserialize<'de> for BackendUrl {
     }
 }
 
+/// `redis://[:password@]host:port[/db]` (also `redis://user:password@…`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RedisUrl {
+    pub addr: String,
+    pub user: Option<String>,
+    pub password: Option<String>,
+    pub db: u32,
+}
+
+impl RedisUrl {
+    pub fn parse(url: &str) -> Result<RedisUrl, String> {
+        let rest = url.strip_prefix("redis://").ok_or_else(|| format!("{url:?}: only redis:// URLs"))?;
+        let (auth, hostpart) = match rest.rsplit_once('@') {
+            Some((a, h)) => (Some(a), h),
+            None => (None, rest),
+        };
+        let (host, db) = match hostpart.split_once('/') {
+            Some((h, "")) => (h, 0),
+            Some((h, d)) => (h, d.parse().map_err(|_| format!("{url:?}: the database must be a number"))?),
+            None => (hostpart, 0),
+        };
+        if host.is_empty() {
+            return Err(format!("{url:?}: no host"));
+        }
+        let addr = if host.rsplit_once(':').is_some_and(|(_, p)| p.parse::<u16>().is_ok()) {
+            host.to_owned()
+        } else {
+            format!("{host}:6379")
+        };
+        let (user, password) = match auth {
+            None => (None, None),
+            Some(a) => match a.split_once(':') {
+                Some(("", p)) => (None, Some(p.to_owned())),
+                Some((u, p)) => (Some(u.to_owned()), Some(p.to_owned())),
+                None => (None, Some(a.to_owned())),
+            },
+        };
+        Ok(RedisUrl { addr, user, password, db })
+    }
+}
+
+impl<'de> Deserialize<'de> for RedisUrl {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let s = String::deserialize(d)?;
+        RedisUrl::parse(&s).map_err(serde::de::Error::custom)
+    }
+}
+
 /// A fraction within 0..=1.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Ratio(pub f64);
@@ -119,5 +167,18 @@ mod tests {
         for bad in ["127.0.0.1:8000", "ftp://x", "http://", "http://h:port", "http://h:1/a?b"] {
             assert!(BackendUrl::parse(bad).is_err(), "{bad}");
         }
+    }
+
+    #[test]
+    fn redis_urls() {
+        let u = RedisUrl::parse("redis://127.0.0.1:6390/2").expect("url");
+        assert_eq!((u.addr.as_str(), u.db, u.password), ("127.0.0.1:6390", 2, None));
+        let u = RedisUrl::parse("redis://:secret@cache").expect("url");
+        assert_eq!((u.addr.as_str(), u.user, u.password.as_deref()), ("cache:6379", None, Some("secret")));
+        let u = RedisUrl::parse("redis://app:pw@h:1/").expect("url");
+        assert_eq!((u.user.as_deref(), u.password.as_deref(), u.db), (Some("app"), Some("pw"), 0));
+        assert!(RedisUrl::parse("http://h").is_err());
+        assert!(RedisUrl::parse("redis:///0").is_err());
+        assert!(RedisUrl::parse("redis://h/x").is_err());
     }
 }

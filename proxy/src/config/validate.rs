@@ -4,7 +4,7 @@
 use std::collections::HashMap;
 use std::fmt;
 
-use super::{Config, IndexMode, PolicyKind, TokenizerKind};
+use super::{Config, IndexMode, PolicyKind, StoreKind, TokenizerKind, MAX_BACKENDS_PER_POOL};
 
 /// One step of a key path: a table key or an array index.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -98,16 +98,8 @@ pub fn validate(cfg: &Config) -> Result<(), Invalid> {
     positive(sess.key("max_mib"), cfg.session.max_mib)?;
     positive(sess.key("ttl_s"), cfg.session.ttl_s)?;
     positive(sess.key("redis_timeout_ms"), cfg.session.redis_timeout_ms)?;
-    match (&cfg.session.store, &cfg.session.redis_url) {
-        (crate::config::StoreKind::Redis, None) => {
-            return Err(sess.key("redis_url").err("store = \"redis\" needs redis_url"));
-        }
-        (_, Some(url)) => {
-            if let Err(e) = crate::session::redis::RedisUrl::parse(url) {
-                return Err(sess.key("redis_url").err(e));
-            }
-        }
-        _ => {}
+    if cfg.session.store == StoreKind::Redis && cfg.session.redis_url.is_none() {
+        return Err(sess.key("redis_url").err("store = \"redis\" needs redis_url"));
     }
     let ws = root.key("websocket");
     positive(ws.key("max_message_kib"), cfg.websocket.max_message_kib)?;
@@ -278,10 +270,10 @@ pub fn validate(cfg: &Config) -> Result<(), Invalid> {
         }
         if pool.policy == PolicyKind::CacheAware {
             let n = pool.embedded.as_ref().map_or(pool.backends.len(), |e| e.replicas);
-            if n > crate::route::index::MAX_BACKENDS {
+            if n > MAX_BACKENDS_PER_POOL {
                 return Err(p.key("policy").err(format!(
                     "cache_aware tracks at most {} backends per pool ({n} given)",
-                    crate::route::index::MAX_BACKENDS
+                    MAX_BACKENDS_PER_POOL
                 )));
             }
         }

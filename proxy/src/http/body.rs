@@ -7,6 +7,35 @@ use bytes::{Bytes, BytesMut};
 use pingora::proxy::Session;
 use warmpath_wire::openai::ApiError;
 
+use crate::pipeline::{self, Downstream};
+use crate::state::{AppState, RequestCtx};
+
+/// The client's body, or `None` once the client has its error (413, 408) or is gone.
+pub async fn read_client_body(
+    state: &AppState,
+    session: &mut Session,
+    ctx: &mut RequestCtx,
+) -> pingora::Result<Option<Bytes>> {
+    let limits = &state.cfg.limits;
+    let deadline = Duration::from_millis(limits.body_read_timeout_ms);
+    match read_body(session, limits.max_body_bytes, deadline).await {
+        Ok(b) => {
+            state.metrics.request_bytes.observe(b.len() as f64);
+            Ok(Some(b))
+        }
+        Err(BodyError::Reject(e)) => {
+            let reason = if e.status == 413 { "too_large" } else { "body_timeout" };
+            let down: &mut dyn Downstream = session;
+            pipeline::reject(state, down, ctx, &e, reason).await.map(|()| None)
+        }
+        Err(BodyError::ClientGone) => {
+            state.metrics.client_disconnects.inc();
+            ctx.status = 499;
+            Ok(None)
+        }
+    }
+}
+
 /// Why the body could not be read.
 #[derive(Debug)]
 pub enum BodyError {

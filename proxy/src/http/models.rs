@@ -9,15 +9,15 @@ use bytes::Bytes;
 use pingora::proxy::Session;
 use serde_json::Value;
 
-use super::client::get;
-use super::respond::{send_error, send_json};
-use super::{AppState, RequestCtx};
+use crate::pipeline::respond::{send_error, send_json};
+use crate::state::{AppState, RequestCtx};
+use crate::upstream::get;
 
 pub async fn serve(state: &AppState, session: &mut Session, ctx: &mut RequestCtx) -> pingora::Result<()> {
     let timeout = Duration::from_millis(state.cfg.upstream.models_timeout_ms);
     let now = Instant::now();
-    let calls = state.router.backends().filter(|b| b.is_up(now)).map(|b| async move {
-        let r = get(&state.upstream, b, "/v1/models", timeout).await;
+    let calls = state.fleet.backends().filter(|b| b.is_up(now)).map(|b| async move {
+        let r = get(&state.upstream, &b.peer, "/v1/models", timeout).await;
         (b, r)
     });
     let results = futures_util::future::join_all(calls).await;
@@ -40,7 +40,7 @@ pub async fn serve(state: &AppState, session: &mut Session, ctx: &mut RequestCtx
         answered += 1;
         for m in list.get("data").and_then(Value::as_array).into_iter().flatten() {
             let Some(id) = m.get("id").and_then(Value::as_str) else { continue };
-            let routed_here = state.router.pool_for(id).is_some_and(|p| p.name == b.pool);
+            let routed_here = state.pools.for_model(id).is_some_and(|p| p.name == b.pool);
             if routed_here && seen.insert(id.to_owned()) {
                 data.push(m.clone());
             }

@@ -2,20 +2,20 @@
 //! and `/readyz` (the API listener accepts connections and every pool has a backend that takes
 //! traffic).
 
-use std::sync::Arc;
-use std::time::Instant;
-
 use async_trait::async_trait;
 use http::Response;
 use pingora::apps::http_app::ServeHttp;
 use pingora::protocols::http::ServerSession;
 
 use super::Metrics;
-use crate::route::Router;
+
+/// The names of the pools that have no backend taking traffic now.
+pub type Unready = Box<dyn Fn() -> Vec<String> + Send + Sync>;
 
 pub struct AdminApp {
     pub metrics: Metrics,
-    pub router: Arc<Router>,
+    /// What `/readyz` reports besides the API listener.
+    pub unready: Unready,
     /// The API listener, checked by `/readyz` (pingora starts its services independently, so the
     /// admin listener can answer before the API one is bound).
     pub api: std::net::SocketAddr,
@@ -43,17 +43,6 @@ impl AdminApp {
         let connect = tokio::net::TcpStream::connect(addr);
         matches!(tokio::time::timeout(std::time::Duration::from_millis(500), connect).await, Ok(Ok(_)))
     }
-
-    /// Pools without a backend that takes traffic.
-    fn unready_pools(&self) -> Vec<&str> {
-        let now = Instant::now();
-        self.router
-            .pools()
-            .iter()
-            .filter(|p| !p.backends.iter().any(|b| b.is_up(now)))
-            .map(|p| p.name.as_str())
-            .collect()
-    }
 }
 
 #[async_trait]
@@ -67,7 +56,7 @@ impl ServeHttp for AdminApp {
                 "text/plain",
                 format!("API listener {} not accepting yet\n", self.api).into_bytes(),
             ),
-            "/readyz" => match self.unready_pools().as_slice() {
+            "/readyz" => match (self.unready)().as_slice() {
                 [] => reply(200, "text/plain", b"ready\n".to_vec()),
                 pools => {
                     reply(503, "text/plain", format!("no backend up in: {}\n", pools.join(", ")).into_bytes())

@@ -393,41 +393,6 @@ impl Metrics {
         m
     }
 
-    /// One request's canonicalization.
-    pub fn record_canon(
-        &self,
-        pool: &str,
-        canon: &crate::canon::Canon,
-        p: &crate::canon::Prepared,
-        took: std::time::Duration,
-    ) {
-        if p.body.is_none() && p.blocks.is_none() {
-            return;
-        }
-        self.canon_duration.with_label_values(&[pool]).observe(took.as_secs_f64());
-        if p.edits.tools_reordered {
-            self.canon_edits.with_label_values(&[pool, "tools_reordered"]).inc();
-        }
-        if !p.edits.moved.is_empty() {
-            self.canon_edits.with_label_values(&[pool, "volatile_moved"]).inc();
-        }
-        if let Some(d) = &p.edits.deferred {
-            self.tools_deferred.with_label_values(&[pool]).inc_by(d.tools as u64);
-            self.tools_saved_bytes.with_label_values(&[pool]).inc_by(d.saved_bytes as u64);
-            self.tools_saved_tokens.with_label_values(&[pool]).inc_by(d.saved_tokens as u64);
-            self.tools_reinserted.with_label_values(&[pool]).inc_by(d.reinserted as u64);
-        }
-        for (rule, bytes) in &p.edits.moved {
-            self.canon_moved_bytes.with_label_values(&[pool, rule]).inc_by(*bytes as u64);
-        }
-        if let (Some(b), Some(cache)) = (&p.blocks, canon.encoder().cache()) {
-            self.prompt_tokens.with_label_values(&[pool]).observe(b.units as f64);
-            self.token_cache_lookups.with_label_values(&[pool, "hit"]).inc_by(p.lookups.hits);
-            self.token_cache_lookups.with_label_values(&[pool, "miss"]).inc_by(p.lookups.misses);
-            self.token_cache_bytes.with_label_values(&[pool]).set(cache.weighted_size() as i64);
-        }
-    }
-
     /// The registry in Prometheus text format.
     pub fn render(&self) -> Vec<u8> {
         let mut out = Vec::with_capacity(16 << 10);

@@ -8,8 +8,6 @@ use serde_json::value::RawValue;
 use serde_json::{json, Map, Value};
 use warmpath_wire::openai::ApiError;
 
-use super::request::bad;
-
 /// What warmpath reads of a tool; the rest stays in its text.
 #[derive(Deserialize)]
 pub(super) struct ToolView<'a> {
@@ -151,7 +149,7 @@ pub(super) fn push_item(messages: &mut Vec<Value>, item: &Value) -> Result<(), A
             messages.push(json!({"role": "tool", "tool_call_id": id, "content": text}));
         }
         "reasoning" => {}
-        k => return Err(bad(format!("input item type {k:?} is not supported"), "input")),
+        k => return Err(ApiError::invalid_param(format!("input item type {k:?} is not supported"), "input")),
     }
     Ok(())
 }

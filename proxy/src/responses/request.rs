@@ -60,15 +60,11 @@ pub struct ResponsesRequest {
     pub user: Option<String>,
 }
 
-pub(super) fn bad(message: impl Into<String>, param: &str) -> ApiError {
-    ApiError::invalid_request(message).with_param(param)
-}
-
 fn opt_str(o: &Map<String, Value>, k: &str) -> Result<Option<String>, ApiError> {
     match o.get(k) {
         None | Some(Value::Null) => Ok(None),
         Some(Value::String(s)) => Ok(Some(s.clone())),
-        Some(_) => Err(bad(format!("`{k}` must be a string"), k)),
+        Some(_) => Err(ApiError::invalid_param(format!("`{k}` must be a string"), k)),
     }
 }
 
@@ -76,7 +72,7 @@ fn opt_bool(o: &Map<String, Value>, k: &str) -> Result<Option<bool>, ApiError> {
     match o.get(k) {
         None | Some(Value::Null) => Ok(None),
         Some(Value::Bool(b)) => Ok(Some(*b)),
-        Some(_) => Err(bad(format!("`{k}` must be a boolean"), k)),
+        Some(_) => Err(ApiError::invalid_param(format!("`{k}` must be a boolean"), k)),
     }
 }
 
@@ -84,7 +80,7 @@ fn opt_f64(o: &Map<String, Value>, k: &str) -> Result<Option<f64>, ApiError> {
     match o.get(k) {
         None | Some(Value::Null) => Ok(None),
         Some(Value::Number(n)) => Ok(n.as_f64()),
-        Some(_) => Err(bad(format!("`{k}` must be a number"), k)),
+        Some(_) => Err(ApiError::invalid_param(format!("`{k}` must be a number"), k)),
     }
 }
 
@@ -106,15 +102,16 @@ impl ResponsesRequest {
         match raw_tools.as_deref().map(RawValue::get).map(str::trim) {
             None | Some("null") => {}
             Some(t) if t.starts_with('[') => {
-                let list: Vec<Box<RawValue>> =
-                    serde_json::from_str(t).map_err(|_| bad("`tools` must be an array", "tools"))?;
+                let list: Vec<Box<RawValue>> = serde_json::from_str(t)
+                    .map_err(|_| ApiError::invalid_param("`tools` must be an array", "tools"))?;
                 for (i, tool) in list.into_iter().enumerate() {
-                    let view: ToolView<'_> = serde_json::from_str(tool.get())
-                        .map_err(|_| bad("a tool must be an object", &format!("tools[{i}]")))?;
+                    let view: ToolView<'_> = serde_json::from_str(tool.get()).map_err(|_| {
+                        ApiError::invalid_param("a tool must be an object", &format!("tools[{i}]"))
+                    })?;
                     match view.kind.as_deref() {
                         Some("function") => {
                             if view.name.as_deref().is_none_or(str::is_empty) {
-                                return Err(bad(
+                                return Err(ApiError::invalid_param(
                                     "a function tool needs a `name`",
                                     &format!("tools[{i}].name"),
                                 ));
@@ -125,7 +122,7 @@ impl ResponsesRequest {
                         // (`[pools.tools] defer`) does that job on the translated request.
                         Some("tool_search") => {}
                         other => {
-                            return Err(bad(
+                            return Err(ApiError::invalid_param(
                                 format!(
                                     "tool type {:?} is not supported: only function tools",
                                     other.unwrap_or("")
@@ -136,7 +133,7 @@ impl ResponsesRequest {
                     }
                 }
             }
-            Some(_) => return Err(bad("`tools` must be an array", "tools")),
+            Some(_) => return Err(ApiError::invalid_param("`tools` must be an array", "tools")),
         }
         Ok(r)
     }
@@ -144,28 +141,32 @@ impl ResponsesRequest {
     /// The request from its parsed fields, tools excepted (see [`Self::from_fields`]).
     fn from_json(mut o: Map<String, Value>, event: bool) -> Result<ResponsesRequest, ApiError> {
         let o = &mut o;
-        let model = opt_str(o, "model")?.ok_or_else(|| bad("`model` is required", "model"))?;
+        let model =
+            opt_str(o, "model")?.ok_or_else(|| ApiError::invalid_param("`model` is required", "model"))?;
         let input = match o.remove("input") {
             None | Some(Value::Null) => Vec::new(),
             Some(Value::String(s)) => vec![json!({"type": "message", "role": "user", "content": s})],
             Some(Value::Array(items)) => {
                 for (i, item) in items.iter().enumerate() {
-                    check_item(item).map_err(|m| bad(m, &format!("input[{i}]")))?;
+                    check_item(item).map_err(|m| ApiError::invalid_param(m, &format!("input[{i}]")))?;
                 }
                 items
             }
-            Some(_) => return Err(bad("`input` must be a string or an array of items", "input")),
+            Some(_) => {
+                return Err(ApiError::invalid_param("`input` must be a string or an array of items", "input"))
+            }
         };
-        let max_output_tokens =
-            match o.get("max_output_tokens") {
-                None | Some(Value::Null) => None,
-                Some(v) => Some(v.as_u64().filter(|&n| n > 0).ok_or_else(|| {
-                    bad("`max_output_tokens` must be a positive integer", "max_output_tokens")
-                })?),
-            };
+        let max_output_tokens = match o.get("max_output_tokens") {
+            None | Some(Value::Null) => None,
+            Some(v) => Some(v.as_u64().filter(|&n| n > 0).ok_or_else(|| {
+                ApiError::invalid_param("`max_output_tokens` must be a positive integer", "max_output_tokens")
+            })?),
+        };
         let seed = match o.get("seed") {
             None | Some(Value::Null) => None,
-            Some(v) => Some(v.as_i64().ok_or_else(|| bad("`seed` must be an integer", "seed"))?),
+            Some(v) => {
+                Some(v.as_i64().ok_or_else(|| ApiError::invalid_param("`seed` must be an integer", "seed"))?)
+            }
         };
         Ok(ResponsesRequest {
             model,

@@ -7,12 +7,13 @@ use bytes::{Bytes, BytesMut};
 use pingora::http::ResponseHeader;
 use serde_json::Value;
 
-use warmpath_wire::tool_calls::{CallParser, Out};
+use warmpath_wire::sse;
+use warmpath_wire::tool_calls::{CallParser, Parsed};
 
-use super::events::{Builder, Event, Outcome};
-use crate::http::downstream::Downstream;
+use super::builder::Builder;
+use super::events::{Event, Outcome};
+use crate::pipeline::Downstream;
 use crate::tools::search::SearchCall;
-use crate::tools::search::SseSplitter;
 use crate::tools::SEARCH_TOOL;
 
 /// Largest whole (non-streamed) chat answer or error body read.
@@ -20,24 +21,24 @@ const MAX_WHOLE: usize = 64 << 20;
 
 /// warmpath's own response headers (`x-warmpath-*`), carried to the client where it has
 /// headers.
-pub type Shown = Vec<(String, String)>;
+pub type ProxyHeaders = Vec<(String, String)>;
 
 /// Where a translated response goes.
 #[async_trait]
 pub trait EventSink: Send {
     /// The response begins (the backend said 200).
-    async fn begin(&mut self, shown: &Shown) -> pingora::Result<()>;
+    async fn begin(&mut self, headers: &ProxyHeaders) -> pingora::Result<()>;
     /// Events in order; `last` with the terminal one.
     async fn events(&mut self, events: Vec<Event>, last: bool) -> pingora::Result<()>;
     /// The request failed before a response began: an HTTP status and an OpenAI error body.
-    async fn error(&mut self, status: u16, body: Bytes, shown: &Shown) -> pingora::Result<()>;
+    async fn error(&mut self, status: u16, body: Bytes, headers: &ProxyHeaders) -> pingora::Result<()>;
     /// Resolves when the client stopped waiting for this response; cancel-safe.
     async fn gone(&mut self);
 }
 
 enum State {
     Waiting,
-    Stream(SseSplitter),
+    Stream(sse::Splitter),
     Whole(BytesMut),
     Error(u16, BytesMut),
     Done,
@@ -47,7 +48,7 @@ pub struct Translator<'s> {
     sink: &'s mut dyn EventSink,
     pub builder: Builder,
     state: State,
-    shown: Shown,
+    headers: ProxyHeaders,
     saw_done: bool,
     failure: Option<(String, String)>,
     /// The terminal event, held until [`Translator::release`]: the conversation is stored
@@ -71,7 +72,7 @@ impl<'s> Translator<'s> {
             sink,
             builder,
             state: State::Waiting,
-            shown: Vec::new(),
+            headers: Vec::new(),
             saw_done: false,
             failure: None,
             terminal: None,
@@ -97,7 +98,7 @@ impl<'s> Translator<'s> {
     /// A response that completes at once with no output (a warm-up, `generate: false`).
     pub async fn empty(&mut self) -> pingora::Result<()> {
         self.started = true;
-        self.sink.begin(&self.shown).await?;
+        self.sink.begin(&self.headers).await?;
         let mut out = self.builder.start();
         self.builder.finish(None, &mut out);
         self.end(out).await
@@ -132,7 +133,7 @@ impl<'s> Translator<'s> {
         let parsed = parser.push(text);
         for o in parsed {
             match o {
-                Out::Call(c) if self.hide_searches && c.function.name == SEARCH_TOOL => {
+                Parsed::Call(c) if self.hide_searches && c.function.name == SEARCH_TOOL => {
                     self.searches.push(SearchCall { id: c.id, arguments: c.function.arguments });
                 }
                 o => parsed_out(&mut self.builder, &mut self.round_text, calls, o, out),
@@ -212,21 +213,21 @@ impl<'s> Translator<'s> {
                 }
                 self.end(out).await
             }
-            State::Error(status, buf) => self.sink.error(status, buf.freeze(), &self.shown).await,
+            State::Error(status, buf) => self.sink.error(status, buf.freeze(), &self.headers).await,
             State::Waiting | State::Done => Ok(()),
         }
     }
 }
 
 /// A piece of a completion's text into the response: text, or a whole tool call.
-fn parsed_out(b: &mut Builder, round_text: &mut String, calls: &mut u64, o: Out, out: &mut Vec<Event>) {
+fn parsed_out(b: &mut Builder, round_text: &mut String, calls: &mut u64, o: Parsed, out: &mut Vec<Event>) {
     match o {
-        Out::Text(t) if t.is_empty() => {}
-        Out::Text(t) => {
+        Parsed::Text(t) if t.is_empty() => {}
+        Parsed::Text(t) => {
             round_text.push_str(&t);
             b.text(&t, out);
         }
-        Out::Call(c) => {
+        Parsed::Call(c) => {
             b.call(*calls, Some(&c.id), Some(&c.function.name), &c.function.arguments, out);
             *calls += 1;
         }
@@ -244,7 +245,7 @@ fn stream_error(v: &Value) -> Option<(String, String)> {
 #[async_trait]
 impl Downstream for Translator<'_> {
     async fn write_response_header(&mut self, header: Box<ResponseHeader>, end: bool) -> pingora::Result<()> {
-        self.shown = header
+        self.headers = header
             .headers
             .iter()
             .filter(|(n, _)| n.as_str().starts_with("x-warmpath-"))
@@ -257,20 +258,20 @@ impl Downstream for Translator<'_> {
             .is_some_and(|v| v.as_bytes().starts_with(b"text/event-stream"));
         self.saw_done = false;
         self.state = match (status, sse) {
-            (200, true) => State::Stream(SseSplitter::default()),
+            (200, true) => State::Stream(sse::Splitter::default()),
             (200, false) => State::Whole(BytesMut::new()),
             // A later backend call of a response already under way: it fails as a broken
             // stream does.
             _ if self.started => {
                 let why = format!("the backend answered a tool_search round with {status}");
                 self.failure = Some(("upstream_error".into(), why));
-                State::Stream(SseSplitter::default())
+                State::Stream(sse::Splitter::default())
             }
             _ => State::Error(status, BytesMut::new()),
         };
         if status == 200 && !self.started {
             self.started = true;
-            self.sink.begin(&self.shown).await?;
+            self.sink.begin(&self.headers).await?;
             let start = self.builder.start();
             self.sink.events(start, false).await?;
         }
@@ -285,7 +286,7 @@ impl Downstream for Translator<'_> {
             match &mut self.state {
                 State::Stream(split) => {
                     let mut out = Vec::new();
-                    for data in split.push(&b) {
+                    for data in split.feed(&b) {
                         if data.trim() == "[DONE]" {
                             self.saw_done = true;
                             continue;

@@ -5,10 +5,10 @@ use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering}
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
-use pingora::upstreams::peer::HttpPeer;
 use prometheus::IntGauge;
 
-use crate::config::{BackendUrl, HealthConfig};
+use crate::config::HealthConfig;
+use crate::upstream::Peer;
 
 /// Health bookkeeping of one backend.
 #[derive(Debug, Default)]
@@ -43,10 +43,9 @@ pub enum Ejection {
 pub struct Backend {
     pub name: String,
     pub pool: String,
-    pub url: BackendUrl,
     pub weight: u32,
-    /// The connection template (resolved address, TLS, timeouts).
-    pub peer: HttpPeer,
+    /// Where it is and how to connect (URL, resolved address, TLS, timeouts).
+    pub peer: Peer,
     /// Where it publishes KV events (ZMQ), for `cache_aware` in precise mode.
     pub kv_events: Option<String>,
     /// Where it answers replays of recent KV event batches.
@@ -68,9 +67,8 @@ impl Backend {
     pub fn new(
         name: String,
         pool: String,
-        url: BackendUrl,
         weight: u32,
-        peer: HttpPeer,
+        peer: Peer,
         inflight_gauge: IntGauge,
         up_gauge: IntGauge,
     ) -> Backend {
@@ -78,7 +76,6 @@ impl Backend {
         Backend {
             name,
             pool,
-            url,
             weight,
             peer,
             kv_events: None,
@@ -251,12 +248,11 @@ mod tests {
     use super::*;
 
     fn backend() -> Arc<Backend> {
-        let url = BackendUrl::parse("http://127.0.0.1:1").expect("url");
-        let peer = HttpPeer::new("127.0.0.1:1", false, String::new());
+        let url = crate::config::BackendUrl::parse("http://127.0.0.1:1").expect("url");
+        let peer = Peer::new(url, &crate::config::UpstreamConfig::default()).expect("peer");
         Arc::new(Backend::new(
             "b".into(),
             "p".into(),
-            url,
             1,
             peer,
             IntGauge::new("i", "i").expect("g"),

@@ -35,7 +35,7 @@ use warmpath_wire::prefix::{block_hash, root_hash};
 use zeromq::{Socket, SocketEvent, SocketRecv, SocketSend, ZmqMessage};
 
 use super::index::PrefixIndex;
-use super::{Pool, Router};
+use super::{Fleet, Pool};
 use crate::config::IndexMode;
 use crate::observe::Metrics;
 
@@ -154,7 +154,7 @@ impl Applier {
 
 /// Follows the KV events of every backend of every `cache_aware` pool in precise mode.
 pub struct EventFeeds {
-    pub router: Arc<Router>,
+    pub fleet: Arc<Fleet>,
     pub metrics: Metrics,
 }
 
@@ -162,7 +162,7 @@ pub struct EventFeeds {
 impl BackgroundService for EventFeeds {
     async fn start(&self, mut shutdown: ShutdownWatch) {
         let mut tasks = Vec::new();
-        for pool in self.router.pools() {
+        for pool in self.fleet.pools() {
             if pool.cache_aware.is_none() || pool.cache_cfg.mode != IndexMode::Precise {
                 continue;
             }
@@ -274,7 +274,7 @@ async fn feed(pool: Arc<Pool>, b: usize, endpoint: String, metrics: Metrics) {
     let live = metrics.kv_events_live.with_label_values(&labels);
     let timeout = Duration::from_millis(pool.cache_cfg.event_timeout_ms.max(1));
     let mut intake = Intake {
-        applier: Applier::new(b, pool.canon.encoder().block_units()),
+        applier: Applier::new(b, pool.units.per_block),
         index: ca.index(),
         metrics: &metrics,
         labels,

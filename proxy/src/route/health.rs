@@ -9,13 +9,13 @@ use async_trait::async_trait;
 use pingora::server::ShutdownWatch;
 use pingora::services::background::BackgroundService;
 
-use super::Router;
+use super::Fleet;
 use crate::config::HealthConfig;
-use crate::http::client::{get, Upstream};
 use crate::observe::Metrics;
+use crate::upstream::{get, Upstream};
 
 pub struct HealthChecker {
-    pub router: Arc<Router>,
+    pub fleet: Arc<Fleet>,
     pub cfg: HealthConfig,
     pub metrics: Metrics,
     pub upstream: Arc<Upstream>,
@@ -24,10 +24,11 @@ pub struct HealthChecker {
 impl HealthChecker {
     async fn probe_all(&self) {
         let timeout = Duration::from_millis(self.cfg.timeout_ms);
-        let probes = self.router.backends().map(|b| {
+        let probes = self.fleet.backends().map(|b| {
             let b = b.clone();
             async move {
-                let ok = matches!(get(&self.upstream, &b, &self.cfg.path, timeout).await, Ok((200..=299, _)));
+                let ok =
+                    matches!(get(&self.upstream, &b.peer, &self.cfg.path, timeout).await, Ok((200..=299, _)));
                 (b, ok)
             }
         });
@@ -59,7 +60,7 @@ impl BackgroundService for HealthChecker {
                 self.probe_all().await;
             }
             let now = Instant::now();
-            for b in self.router.backends() {
+            for b in self.fleet.backends() {
                 b.refresh_gauge(now);
             }
         }

@@ -1,9 +1,43 @@
 //! Routing keys from a prepared request: the key of its leading prefix blocks (for
-//! `prefix_hash`) and its session key (for `session`).
+//! `prefix_hash`), its session key (for `session`), and its blocks (for `cache_aware`).
 
 use std::borrow::Cow;
 
-use crate::canon::Blocks;
+use warmpath_wire::prefix::Blocks;
+
+use super::{Pool, RouteKey};
+use crate::request::LlmRequest;
+
+/// The routing key `pool`'s policy asks for, from the prompt's prefix blocks (computed where
+/// the policy wants a prefix or blocks; moved into the key, not copied) and the session fields.
+pub fn route_key(
+    pool: &Pool,
+    req: &LlmRequest<'_>,
+    session_header: Option<&str>,
+    blocks: Option<Blocks>,
+) -> RouteKey {
+    let prefix =
+        blocks.as_ref().filter(|_| pool.policy.wants_prefix()).map(|b| prefix_key(b, pool.prefix_blocks));
+    let session = pool
+        .policy
+        .wants_session()
+        .then(|| {
+            // A chained response goes where its predecessor is, whatever else names a session.
+            if let Some(prev) = req.extra_str("previous_response_id").filter(|p| !p.is_empty()) {
+                return Some(response_session(&prev));
+            }
+            let from_body = || req.extra_str("prompt_cache_key").or_else(|| req.extra_str("user"));
+            session_key(session_header, from_body)
+        })
+        .flatten();
+    let mut k = RouteKey { prefix, session, ..RouteKey::default() };
+    if let Some(b) = blocks.filter(|_| pool.policy.wants_blocks()) {
+        k.tokens = b.units;
+        k.per_block = b.per_block;
+        k.blocks = b.hashes;
+    }
+    k
+}
 
 /// The `prefix_hash` key: the chained key of the `n`-th block (of the last one when there
 /// are fewer), which covers every token before it; the prefix hash when no block is full.

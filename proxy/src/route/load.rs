@@ -17,9 +17,9 @@ use async_trait::async_trait;
 use pingora::server::ShutdownWatch;
 use pingora::services::background::BackgroundService;
 
-use super::{Pool, Router};
-use crate::http::client::{get, Upstream};
+use super::{Fleet, Pool};
 use crate::observe::Metrics;
+use crate::upstream::{get, Upstream};
 
 /// What one scrape found.
 #[derive(Debug, Clone, Copy, Default, PartialEq)]
@@ -122,7 +122,7 @@ impl UnitsPerToken {
 }
 
 pub struct LoadScraper {
-    pub router: Arc<Router>,
+    pub fleet: Arc<Fleet>,
     pub metrics: Metrics,
     pub upstream: Arc<Upstream>,
     /// Per pool (by name): its bytes-per-token estimate, where it cuts prompts into bytes.
@@ -130,8 +130,8 @@ pub struct LoadScraper {
 }
 
 impl LoadScraper {
-    pub fn new(router: Arc<Router>, metrics: Metrics, upstream: Arc<Upstream>) -> LoadScraper {
-        LoadScraper { router, metrics, upstream, units: Mutex::default() }
+    pub fn new(fleet: Arc<Fleet>, metrics: Metrics, upstream: Arc<Upstream>) -> LoadScraper {
+        LoadScraper { fleet, metrics, upstream, units: Mutex::default() }
     }
 
     async fn scrape(&self, pool: &Pool) {
@@ -140,7 +140,7 @@ impl LoadScraper {
         let reads = pool
             .backends
             .iter()
-            .map(|b| async move { (b, get(&self.upstream, b, "/metrics", timeout).await) });
+            .map(|b| async move { (b, get(&self.upstream, &b.peer, "/metrics", timeout).await) });
         let answers = futures_util::future::join_all(reads).await;
         let mut kv = Vec::with_capacity(pool.backends.len());
         let mut units = self.units.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
@@ -162,18 +162,16 @@ impl LoadScraper {
         }
         learnt.decay();
         // Units per token: exact with the backends' tokenizer, learnt (or guessed) without.
-        let encoder = pool.canon.encoder();
-        let per_token = match encoder.exact_tokens() {
+        let per_token = match pool.units.exact_tokens {
             true => 1.0,
-            false => learnt.estimate().unwrap_or(encoder.units_per_token_guess()),
+            false => learnt.estimate().unwrap_or(pool.units.per_token_guess),
         };
         drop(units);
         ca.set_units_per_token(per_token);
         self.metrics.index_units_per_token.with_label_values(&[&pool.name]).set(per_token);
         for (i, tokens) in kv {
             // The backend's KV capacity in index blocks.
-            let capacity =
-                (tokens as f64 * per_token / encoder.block_units().max(1) as f64).max(1.0) as usize;
+            let capacity = (tokens as f64 * per_token / pool.units.per_block.max(1) as f64).max(1.0) as usize;
             ca.index().set_capacity(i, capacity);
             let labels = [pool.name.as_str(), pool.backends[i].name.as_str()];
             self.metrics.index_capacity.with_label_values(&labels).set(capacity as i64);
@@ -195,7 +193,7 @@ impl LoadScraper {
 impl BackgroundService for LoadScraper {
     async fn start(&self, mut shutdown: ShutdownWatch) {
         let pools: Vec<Arc<Pool>> =
-            self.router.pools().iter().filter(|p| p.cache_aware.is_some()).cloned().collect();
+            self.fleet.pools().iter().filter(|p| p.cache_aware.is_some()).cloned().collect();
         let Some(every) = pools.iter().map(|p| p.cache_cfg.scrape_interval_ms).filter(|&ms| ms > 0).min()
         else {
             // Nothing to scrape: still publish the index sizes now and then.

@@ -1,5 +1,5 @@
-//! Backend pools and the choice of a backend for each request: model → pool, then the pool's
-//! [`Policy`] over a snapshot of its backends' health and load, then an in-flight slot.
+//! Backend pools and the choice of a backend for each request: the pool's [`Policy`] over a
+//! snapshot of its backends' health and load, then an in-flight slot.
 //! Health (active probes, passive ejection) lives in [`backend`] and [`health`].
 
 pub mod backend;
@@ -11,21 +11,19 @@ pub mod key;
 pub mod load;
 pub mod policy;
 
-use std::collections::HashMap;
-use std::net::ToSocketAddrs;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
-
-use pingora::upstreams::peer::HttpPeer;
 
 pub use backend::{Backend, Ejection, InflightGuard, PrefillTicket};
 pub use budget::RetryBudget;
 pub use policy::{Candidate, Decision, Policy, RouteKey, State};
 
-use crate::config::{BackendUrl, Config, PolicyKind, PoolConfig, UpstreamConfig};
+use crate::config::{BackendConfig, BackendUrl, CacheAwareConfig, Config, PolicyKind, PoolConfig};
 use crate::observe::Metrics;
+use crate::upstream::Peer;
 
-/// Interchangeable backends serving the same models under one policy.
+/// Interchangeable backends serving the same models under one policy: the routing part of a
+/// `[[pools]]` entry.
 #[derive(Debug)]
 pub struct Pool {
     pub name: String,
@@ -34,20 +32,49 @@ pub struct Pool {
     /// KV events.
     pub cache_aware: Option<Arc<policy::CacheAware>>,
     /// `[pools.cache_aware]`, for the scraper and the event subscribers.
-    pub cache_cfg: crate::config::CacheAwareConfig,
+    pub cache_cfg: CacheAwareConfig,
     pub backends: Vec<Arc<Backend>>,
     pub max_inflight: usize,
     /// Leading prefix blocks in the `prefix_hash` key.
     pub prefix_blocks: usize,
-    /// How this pool's requests are canonicalized and cut into prefix blocks.
-    pub canon: crate::canon::Canon,
-    /// `[pools.response_cache]`, where enabled.
-    pub response_cache: Option<crate::cache::ResponseCache>,
+    /// What a unit of the pool's prompts is (how canonicalization cuts them into blocks).
+    pub units: PromptUnits,
     pub budget: RetryBudget,
-    /// `responses`: translated by warmpath, or the backends' own.
-    pub responses: crate::config::ResponsesMode,
-    /// `responses_tokens`: translated turns as token-id completions where the pool can.
-    pub responses_tokens: bool,
+}
+
+/// What one unit of a pool's prompts is: a token of the backends' own tokenizer, or a byte where
+/// that is not known (then the tokens a backend's KV capacity holds must be converted).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct PromptUnits {
+    /// Units are the backends' tokens.
+    pub exact_tokens: bool,
+    /// Units per token before the pool has learnt its own.
+    pub per_token_guess: f64,
+    /// Units per prefix block.
+    pub per_block: usize,
+}
+
+/// One backend as the policy file (or an embedded replica) names it.
+#[derive(Debug, Clone)]
+pub struct BackendSpec {
+    pub name: String,
+    pub url: BackendUrl,
+    pub weight: u32,
+    /// KV events endpoint, and its replay endpoint.
+    pub kv_events: Option<String>,
+    pub kv_replay: Option<String>,
+}
+
+impl From<&BackendConfig> for BackendSpec {
+    fn from(b: &BackendConfig) -> BackendSpec {
+        BackendSpec {
+            name: b.name.clone(),
+            url: b.url.clone(),
+            weight: b.weight,
+            kv_events: b.kv_events.clone(),
+            kv_replay: b.kv_events_replay.clone(),
+        }
+    }
 }
 
 /// Why no backend could be picked.
@@ -130,82 +157,16 @@ impl Pool {
     }
 }
 
-/// Every pool, and which pool serves which model.
-#[derive(Debug)]
-pub struct Router {
+/// Every pool's routing state: what the background services (health probes, load scrapes, KV
+/// event feeds) and readiness walk over.
+#[derive(Debug, Default)]
+pub struct Fleet {
     pools: Vec<Arc<Pool>>,
-    by_model: HashMap<String, usize>,
-    wildcard: Option<usize>,
 }
 
-impl Router {
-    /// Builds pools from the policy file. `embedded` gives, per pool index, the addresses of
-    /// bundled engine replicas started for pools that asked for them.
-    pub fn build(
-        cfg: &Config,
-        embedded: &HashMap<usize, Vec<crate::embedded::Replica>>,
-        metrics: &Metrics,
-    ) -> Result<Router, String> {
-        let mut pools = Vec::new();
-        let mut by_model = HashMap::new();
-        let mut wildcard = None;
-        for (pi, pc) in cfg.pools.iter().enumerate() {
-            // Name, URL, weight, KV events endpoint, its replay endpoint.
-            type Spec = (String, BackendUrl, u32, Option<String>, Option<String>);
-            let specs: Vec<Spec> = match embedded.get(&pi) {
-                Some(replicas) => replicas
-                    .iter()
-                    .enumerate()
-                    .map(|(i, r)| {
-                        let url = BackendUrl {
-                            tls: false,
-                            host: r.addr.ip().to_string(),
-                            port: r.addr.port(),
-                            base_path: String::new(),
-                        };
-                        (format!("{}-{i}", pc.name), url, 1, r.kv_events.clone(), r.kv_replay.clone())
-                    })
-                    .collect(),
-                None => pc
-                    .backends
-                    .iter()
-                    .map(|b| {
-                        let replay = b.kv_events_replay.clone();
-                        (b.name.clone(), b.url.clone(), b.weight, b.kv_events.clone(), replay)
-                    })
-                    .collect(),
-            };
-            let mut backends = Vec::with_capacity(specs.len());
-            for (name, url, weight, kv_events, kv_replay) in specs {
-                let peer = make_peer(&url, &cfg.upstream)?;
-                let labels = [pc.name.as_str(), name.as_str()];
-                let mut b = Backend::new(
-                    name.clone(),
-                    pc.name.clone(),
-                    url,
-                    weight,
-                    peer,
-                    metrics.inflight.with_label_values(&labels),
-                    metrics.backend_up.with_label_values(&labels),
-                );
-                b.kv_events = kv_events;
-                b.kv_replay = kv_replay;
-                backends.push(Arc::new(b));
-            }
-            for m in &pc.models {
-                if m == "*" {
-                    wildcard = Some(pi);
-                } else {
-                    by_model.insert(m.clone(), pi);
-                }
-            }
-            pools.push(Arc::new(build_pool(pc, backends, cfg)));
-        }
-        Ok(Router { pools, by_model, wildcard })
-    }
-
-    pub fn pool_for(&self, model: &str) -> Option<&Arc<Pool>> {
-        self.by_model.get(model).or(self.wildcard.as_ref()).map(|&i| &self.pools[i])
+impl Fleet {
+    pub fn new(pools: Vec<Arc<Pool>>) -> Fleet {
+        Fleet { pools }
     }
 
     pub fn pools(&self) -> &[Arc<Pool>] {
@@ -216,66 +177,76 @@ impl Router {
     pub fn backends(&self) -> impl Iterator<Item = &Arc<Backend>> {
         self.pools.iter().flat_map(|p| p.backends.iter())
     }
-}
 
-fn build_pool(pc: &PoolConfig, backends: Vec<Arc<Backend>>, cfg: &Config) -> Pool {
-    let names: Vec<&str> = backends.iter().map(|b| b.name.as_str()).collect();
-    let weights: Vec<u32> = backends.iter().map(|b| b.weight).collect();
-    let canon = crate::canon::Canon::new(&pc.canon, &pc.tools, pc.embedded.is_some());
-    let mut cache_aware = None;
-    let policy: Arc<dyn Policy> = match pc.policy {
-        PolicyKind::RoundRobin => Arc::new(policy::RoundRobin::new(&weights)),
-        PolicyKind::LeastLoad => Arc::new(policy::LeastLoad::new()),
-        PolicyKind::PrefixHash => Arc::new(policy::PrefixHash::new(
-            &names,
-            &weights,
-            pc.prefix_hash.vnodes,
-            pc.prefix_hash.load_factor,
-        )),
-        PolicyKind::Session => Arc::new(policy::Session::new(&names, pc.session.overload_factor)),
-        PolicyKind::CacheAware => {
-            let ca = &pc.cache_aware;
-            let ttl = (ca.ttl_s > 0).then(|| Duration::from_secs(ca.ttl_s));
-            let index = Arc::new(index::PrefixIndex::new(backends.len(), ca.capacity_blocks, ttl));
-            let p = Arc::new(policy::CacheAware::new(&names, index, ca));
-            p.set_units_per_token(canon.encoder().units_per_token_guess());
-            cache_aware = Some(p.clone());
-            p
-        }
-    };
-    Pool {
-        name: pc.name.clone(),
-        policy,
-        cache_aware,
-        cache_cfg: pc.cache_aware.clone(),
-        backends,
-        max_inflight: pc.max_inflight_per_backend,
-        prefix_blocks: pc.prefix_hash.prefix_blocks,
-        canon,
-        response_cache: pc
-            .response_cache
-            .enabled
-            .then(|| crate::cache::ResponseCache::new(&pc.response_cache)),
-        budget: RetryBudget::new(cfg.retry.budget_ratio.0, cfg.retry.min_retries_per_sec),
-        responses: pc.responses,
-        responses_tokens: pc.responses_tokens,
+    /// Pools without a backend that takes traffic now (what `/readyz` reports).
+    pub fn unready(&self) -> Vec<String> {
+        let now = Instant::now();
+        self.pools
+            .iter()
+            .filter(|p| !p.backends.iter().any(|b| b.is_up(now)))
+            .map(|p| p.name.clone())
+            .collect()
     }
 }
 
-/// The connection template of a backend. Names are resolved once, here: pingora's own
-/// resolution blocks the worker thread.
-fn make_peer(url: &BackendUrl, up: &UpstreamConfig) -> Result<HttpPeer, String> {
-    let addr = (url.host.as_str(), url.port)
-        .to_socket_addrs()
-        .map_err(|e| format!("cannot resolve backend {url}: {e}"))?
-        .next()
-        .ok_or_else(|| format!("backend {url} resolves to no address"))?;
-    let mut peer = HttpPeer::new(addr, url.tls, url.host.clone());
-    let ms = Duration::from_millis;
-    peer.options.connection_timeout = Some(ms(up.connect_timeout_ms));
-    peer.options.total_connection_timeout = Some(ms(up.connect_timeout_ms.saturating_mul(2)));
-    peer.options.read_timeout = Some(ms(up.idle_timeout_ms));
-    peer.options.write_timeout = Some(ms(up.idle_timeout_ms));
-    peer.options.idle_timeout = Some(ms(up.pool_idle_timeout_ms));
-    Ok(peer)
+impl Pool {
+    /// The pool `pc` describes over `backends`, whose prompts come in `units`.
+    pub fn build(
+        pc: &PoolConfig,
+        backends: &[BackendSpec],
+        cfg: &Config,
+        metrics: &Metrics,
+        units: PromptUnits,
+    ) -> Result<Pool, String> {
+        let mut built = Vec::with_capacity(backends.len());
+        for spec in backends {
+            let peer = Peer::new(spec.url.clone(), &cfg.upstream)?;
+            let labels = [pc.name.as_str(), spec.name.as_str()];
+            let mut b = Backend::new(
+                spec.name.clone(),
+                pc.name.clone(),
+                spec.weight,
+                peer,
+                metrics.inflight.with_label_values(&labels),
+                metrics.backend_up.with_label_values(&labels),
+            );
+            b.kv_events = spec.kv_events.clone();
+            b.kv_replay = spec.kv_replay.clone();
+            built.push(Arc::new(b));
+        }
+        let names: Vec<&str> = built.iter().map(|b| b.name.as_str()).collect();
+        let weights: Vec<u32> = built.iter().map(|b| b.weight).collect();
+        let mut cache_aware = None;
+        let policy: Arc<dyn Policy> = match pc.policy {
+            PolicyKind::RoundRobin => Arc::new(policy::RoundRobin::new(&weights)),
+            PolicyKind::LeastLoad => Arc::new(policy::LeastLoad::new()),
+            PolicyKind::PrefixHash => Arc::new(policy::PrefixHash::new(
+                &names,
+                &weights,
+                pc.prefix_hash.vnodes,
+                pc.prefix_hash.load_factor,
+            )),
+            PolicyKind::Session => Arc::new(policy::Session::new(&names, pc.session.overload_factor)),
+            PolicyKind::CacheAware => {
+                let ca = &pc.cache_aware;
+                let ttl = (ca.ttl_s > 0).then(|| Duration::from_secs(ca.ttl_s));
+                let index = Arc::new(index::PrefixIndex::new(built.len(), ca.capacity_blocks, ttl));
+                let p = Arc::new(policy::CacheAware::new(&names, index, ca));
+                p.set_units_per_token(units.per_token_guess);
+                cache_aware = Some(p.clone());
+                p
+            }
+        };
+        Ok(Pool {
+            name: pc.name.clone(),
+            policy,
+            cache_aware,
+            cache_cfg: pc.cache_aware.clone(),
+            backends: built,
+            max_inflight: pc.max_inflight_per_backend,
+            prefix_blocks: pc.prefix_hash.prefix_blocks,
+            units,
+            budget: RetryBudget::new(cfg.retry.budget_ratio.0, cfg.retry.min_retries_per_sec),
+        })
+    }
 }

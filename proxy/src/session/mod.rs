@@ -160,8 +160,7 @@ impl Store {
                     .build(),
             )),
             StoreKind::Redis => {
-                let url = cfg.redis_url.as_deref().ok_or("store = \"redis\" needs redis_url")?;
-                let url = redis::RedisUrl::parse(url)?;
+                let url = cfg.redis_url.clone().ok_or("store = \"redis\" needs redis_url")?;
                 let timeout = Duration::from_millis(cfg.redis_timeout_ms);
                 Ok(Store::Redis { client: redis::Redis::new(url, timeout), ttl })
             }

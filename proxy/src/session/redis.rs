@@ -8,51 +8,12 @@ use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
 use tokio::net::TcpStream;
 use tokio::sync::Mutex;
 
+use crate::config::RedisUrl;
+
 /// Idle connections kept for reuse.
 const POOL: usize = 8;
 /// Largest bulk reply read (a stored conversation).
 const MAX_BULK: usize = 512 << 20;
-
-/// `redis://[:password@]host:port[/db]` (also `redis://user:password@…`).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct RedisUrl {
-    pub addr: String,
-    pub user: Option<String>,
-    pub password: Option<String>,
-    pub db: u32,
-}
-
-impl RedisUrl {
-    pub fn parse(url: &str) -> Result<RedisUrl, String> {
-        let rest = url.strip_prefix("redis://").ok_or_else(|| format!("{url:?}: only redis:// URLs"))?;
-        let (auth, hostpart) = match rest.rsplit_once('@') {
-            Some((a, h)) => (Some(a), h),
-            None => (None, rest),
-        };
-        let (host, db) = match hostpart.split_once('/') {
-            Some((h, "")) => (h, 0),
-            Some((h, d)) => (h, d.parse().map_err(|_| format!("{url:?}: the database must be a number"))?),
-            None => (hostpart, 0),
-        };
-        if host.is_empty() {
-            return Err(format!("{url:?}: no host"));
-        }
-        let addr = if host.rsplit_once(':').is_some_and(|(_, p)| p.parse::<u16>().is_ok()) {
-            host.to_owned()
-        } else {
-            format!("{host}:6379")
-        };
-        let (user, password) = match auth {
-            None => (None, None),
-            Some(a) => match a.split_once(':') {
-                Some(("", p)) => (None, Some(p.to_owned())),
-                Some((u, p)) => (Some(u.to_owned()), Some(p.to_owned())),
-                None => (None, Some(a.to_owned())),
-            },
-        };
-        Ok(RedisUrl { addr, user, password, db })
-    }
-}
 
 /// A reply, as far as these commands need.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -219,19 +180,6 @@ fn read_reply(
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn urls() {
-        let u = RedisUrl::parse("redis://127.0.0.1:6390/2").expect("url");
-        assert_eq!((u.addr.as_str(), u.db, u.password), ("127.0.0.1:6390", 2, None));
-        let u = RedisUrl::parse("redis://:secret@cache").expect("url");
-        assert_eq!((u.addr.as_str(), u.user, u.password.as_deref()), ("cache:6379", None, Some("secret")));
-        let u = RedisUrl::parse("redis://app:pw@h:1/").expect("url");
-        assert_eq!((u.user.as_deref(), u.password.as_deref(), u.db), (Some("app"), Some("pw"), 0));
-        assert!(RedisUrl::parse("http://h").is_err());
-        assert!(RedisUrl::parse("redis:///0").is_err());
-        assert!(RedisUrl::parse("redis://h/x").is_err());
-    }
 
     /// A scripted server: the client's bytes, and replies in each RESP type.
     #[tokio::test]

@@ -4,7 +4,7 @@
 
 use std::collections::HashMap;
 
-use crate::canon::tools::CanonTool;
+use super::def::CanonTool;
 
 const K1: f64 = 1.2;
 const B: f64 = 0.75;

@@ -12,6 +12,7 @@
 //! so the model sees them and every turn's prompt extends the previous one.
 
 pub mod bm25;
+pub mod def;
 pub mod search;
 
 use std::collections::HashSet;
@@ -21,9 +22,9 @@ use moka::sync::Cache;
 use serde_json::json;
 use xxhash_rust::xxh3::Xxh3;
 
-use crate::canon::tools::CanonTool;
 use crate::config::ToolsConfig;
 use bm25::Bm25;
+use def::CanonTool;
 
 /// The name of the tool warmpath answers.
 pub const SEARCH_TOOL: &str = "tool_search";
@@ -64,7 +65,7 @@ impl DeferredSet {
 
 /// The API a request speaks: where tools and calls sit differs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Form {
+pub enum Api {
     /// Chat Completions: `{"type":"function","function":{...}}`, calls in `message.tool_calls`.
     Chat,
     /// Responses: `{"type":"function","name":...}`, calls as `function_call` output items.
@@ -99,7 +100,7 @@ impl Deferrer {
         &self,
         tools: &[Arc<CanonTool>],
         named: Option<&str>,
-        form: Form,
+        form: Api,
         tokens: &dyn Fn(&str) -> usize,
     ) -> Option<Plan> {
         if tools.len() <= self.threshold || tools.iter().any(|t| t.name == SEARCH_TOOL) {
@@ -116,21 +117,21 @@ impl Deferrer {
     pub fn plan_marked(&self, tools: &[Arc<CanonTool>], tokens: &dyn Fn(&str) -> usize) -> Option<Plan> {
         let (deferred, kept): (Vec<_>, Vec<_>) =
             tools.iter().filter(|t| !t.hosted_search).cloned().partition(|t| t.defer_loading);
-        self.finish_plan(kept, deferred, Form::Responses, tokens)
+        self.finish_plan(kept, deferred, Api::Responses, tokens)
     }
 
     fn finish_plan(
         &self,
         mut kept: Vec<Arc<CanonTool>>,
         deferred: Vec<Arc<CanonTool>>,
-        form: Form,
+        form: Api,
         tokens: &dyn Fn(&str) -> usize,
     ) -> Option<Plan> {
         if deferred.is_empty() {
             return None;
         }
         let mut h = Xxh3::new();
-        h.update(if form == Form::Chat { b"chat\n" } else { b"resp\n" });
+        h.update(if form == Api::Chat { b"chat\n" } else { b"resp\n" });
         for t in &deferred {
             h.update(t.json.as_bytes());
             h.update(b"\n");
@@ -145,7 +146,7 @@ impl Deferrer {
     fn build_set(
         &self,
         tools: Vec<Arc<CanonTool>>,
-        form: Form,
+        form: Api,
         tokens: &dyn Fn(&str) -> usize,
     ) -> DeferredSet {
         let mut listing = String::new();
@@ -168,9 +169,9 @@ impl Deferrer {
             "limit": {"type": "integer", "description": format!("Most tools to load (at most {}).", self.limit)},
         }});
         let def = match form {
-            Form::Chat => json!({"type": "function", "function": {
+            Api::Chat => json!({"type": "function", "function": {
                 "name": SEARCH_TOOL, "description": description, "parameters": parameters}}),
-            Form::Responses => json!({"type": "function", "name": SEARCH_TOOL, "description": description,
+            Api::Responses => json!({"type": "function", "name": SEARCH_TOOL, "description": description,
                 "parameters": parameters}),
         };
         let search_tool = Arc::new(CanonTool::parse(&def.to_string()).expect("the search tool is an object"));
@@ -241,7 +242,7 @@ mod tests {
         let tools: Vec<_> =
             (0..10).map(|i| tool(&format!("t{i}"), &format!("Does thing {i}. More words."))).collect();
         let d = deferrer(4, &["t3"]);
-        let plan = d.plan(&tools, Some("t7"), Form::Chat, &|_| 0).expect("deferred");
+        let plan = d.plan(&tools, Some("t7"), Api::Chat, &|_| 0).expect("deferred");
         let kept: Vec<&str> = plan.kept.iter().map(|t| t.name.as_str()).collect();
         assert_eq!(kept, ["t3", "t7", "tool_search"]);
         assert_eq!(plan.set.tools.len(), 8);
@@ -251,15 +252,15 @@ mod tests {
         // The same tool list reuses the built set.
         assert!(Arc::ptr_eq(
             &plan.set,
-            &d.plan(&tools, Some("t7"), Form::Chat, &|_| 0).expect("deferred").set
+            &d.plan(&tools, Some("t7"), Api::Chat, &|_| 0).expect("deferred").set
         ));
         assert!(
-            d.plan(&tools[..4], None, Form::Chat, &|_| 0).is_none(),
+            d.plan(&tools[..4], None, Api::Chat, &|_| 0).is_none(),
             "at the threshold nothing is deferred"
         );
         let mut clash = tools.clone();
         clash.push(tool("tool_search", "the client's own"));
-        assert!(d.plan(&clash, None, Form::Chat, &|_| 0).is_none());
+        assert!(d.plan(&clash, None, Api::Chat, &|_| 0).is_none());
     }
 
     #[test]

@@ -12,7 +12,6 @@
 pub mod frame;
 
 use std::collections::VecDeque;
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -27,13 +26,13 @@ use tokio::time::Instant;
 use warmpath_wire::openai::ApiError;
 
 use crate::config::ResponsesMode;
-use crate::http::head::Head;
-use crate::http::respond::send_error;
-use crate::http::{AppState, RequestCtx};
+use crate::pipeline::respond::send_error;
+use crate::request::head::Head;
 use crate::responses::events::Event;
-use crate::responses::request::ResponsesRequest;
-use crate::responses::{EventSink, Shown, Turn};
-use crate::session::{self, Conversation};
+use crate::responses::request::{raw_fields, raw_str, ResponsesRequest};
+use crate::responses::{EventSink, ProxyHeaders, Turn};
+use crate::session::{tenant, Conversation};
+use crate::state::{AppState, RequestCtx};
 use frame::{code, Message, Reader};
 
 /// RFC 6455 §1.3.
@@ -57,24 +56,6 @@ pub fn accept_key(key: &str) -> String {
     base64::engine::general_purpose::STANDARD.encode(h.digest().bytes())
 }
 
-/// Open connections (against `[websocket] max_connections`), and the notice that the server
-/// is shutting down.
-#[derive(Debug)]
-pub struct Connections(AtomicUsize, tokio::sync::watch::Sender<bool>);
-
-impl Default for Connections {
-    fn default() -> Self {
-        Connections(AtomicUsize::new(0), tokio::sync::watch::channel(false).0)
-    }
-}
-
-impl Connections {
-    /// Every connection finishes its response in flight, then closes with 1012.
-    pub fn drain(&self) {
-        self.1.send_replace(true);
-    }
-}
-
 /// Tells the connections when pingora starts its graceful shutdown (SIGTERM).
 pub struct DrainOnShutdown(pub Arc<AppState>);
 
@@ -83,15 +64,6 @@ impl pingora::services::background::BackgroundService for DrainOnShutdown {
     async fn start(&self, mut shutdown: pingora::server::ShutdownWatch) {
         let _ = shutdown.changed().await;
         self.0.ws.drain();
-    }
-}
-
-struct Slot<'a>(&'a Connections, &'a AppState);
-
-impl Drop for Slot<'_> {
-    fn drop(&mut self) {
-        let n = self.0 .0.fetch_sub(1, Ordering::AcqRel) - 1;
-        self.1.metrics.ws_connections.with_label_values(&["api"]).set(n as i64);
     }
 }
 
@@ -139,9 +111,7 @@ pub async fn serve(
         state.metrics.rejections.with_label_values(&["bad_upgrade"]).inc();
         return send_error(session, &e, extra.as_slice()).await;
     }
-    let open = state.ws.0.fetch_add(1, Ordering::AcqRel) + 1;
-    let slot = Slot(&state.ws, state);
-    if open > cfg.max_connections {
+    let Ok(slot) = state.ws.open(cfg.max_connections) else {
         ctx.status = 503;
         state.metrics.rejections.with_label_values(&["websocket_connections"]).inc();
         let e = ApiError::unavailable(format!(
@@ -150,8 +120,7 @@ pub async fn serve(
         ))
         .with_code("websocket_connection_limit_reached");
         return send_error(session, &e, &[]).await;
-    }
-    state.metrics.ws_connections.with_label_values(&["api"]).set(open as i64);
+    };
     let key =
         session.req_header().headers.get("sec-websocket-key").and_then(|v| v.to_str().ok()).unwrap_or("");
     let mut h = ResponseHeader::build(101, Some(3))?;
@@ -161,7 +130,7 @@ pub async fn serve(
     session.write_response_header(Box::new(h), false).await?;
     ctx.status = 101;
     let head = Head::of(session.req_header());
-    let tenant = session::tenant(head.authorization());
+    let tenant = tenant(head.authorization());
     let mut conn = Conn {
         state: state.clone(),
         head: Arc::new(head),
@@ -183,7 +152,7 @@ pub async fn serve(
 }
 
 /// What a turn's task hands the connection.
-enum Out {
+enum TurnOutput {
     Events(Vec<Event>),
     /// The turn is over: the conversation after it, where it succeeded.
     Done(Option<Arc<Conversation>>),
@@ -191,7 +160,7 @@ enum Out {
 
 struct Running {
     task: tokio::task::JoinHandle<()>,
-    rx: mpsc::Receiver<Out>,
+    rx: mpsc::Receiver<TurnOutput>,
     /// The response it continues, dropped from the connection if the turn fails.
     previous: Option<String>,
 }
@@ -220,7 +189,7 @@ impl Conn {
         let mut last_message = Instant::now();
         let mut last_frame = Instant::now();
         let mut aged = false;
-        let mut drain = self.state.ws.1.subscribe();
+        let mut drain = self.state.ws.draining();
         let mut draining = *drain.borrow();
         loop {
             let busy = self.turn.is_some() || !self.queue.is_empty();
@@ -237,7 +206,7 @@ impl Conn {
                 }
                 out = recv(&mut self.turn) => {
                     match out {
-                        Some(Out::Events(events)) => {
+                        Some(TurnOutput::Events(events)) => {
                             for e in &events {
                                 match send(session, &e.json).await {
                                     Ok(n) => self.state.metrics.ws_bytes.with_label_values(&["out"]).inc_by(n as u64),
@@ -245,7 +214,7 @@ impl Conn {
                                 }
                             }
                         }
-                        Some(Out::Done(c)) => self.finish_turn(c),
+                        Some(TurnOutput::Done(c)) => self.finish_turn(c),
                         None => self.finish_turn(None),
                     }
                     if self.turn.is_none() {
@@ -354,8 +323,8 @@ impl Conn {
 
     /// One client event. `Err` is the error event it gets.
     fn on_text(&mut self, text: &str) -> Result<(), ApiError> {
-        let fields = crate::responses::request::raw_fields(text.as_bytes())?;
-        match crate::responses::request::raw_str(&fields, "type").as_deref() {
+        let fields = raw_fields(text.as_bytes())?;
+        match raw_str(&fields, "type").as_deref() {
             Some("response.create") => {}
             Some(t) => {
                 return Err(ApiError::invalid_request(format!("unknown event type {t:?}"))
@@ -365,7 +334,7 @@ impl Conn {
             None => return Err(ApiError::invalid_request("an event needs a `type`").with_param("type")),
         }
         let req = ResponsesRequest::from_fields(fields, true)?;
-        if self.state.router.pool_for(&req.model).is_some_and(|p| p.responses == ResponsesMode::Native) {
+        if self.state.pools.for_model(&req.model).is_some_and(|p| p.responses == ResponsesMode::Native) {
             return Err(ApiError::invalid_request(format!(
                 "model {:?} is served by its backends' own Responses API; WebSocket mode needs responses = \"translate\"",
                 req.model
@@ -407,11 +376,11 @@ impl Conn {
                 }
                 Err(e) => {
                     state.metrics.responses_turns.with_label_values(&["websocket", "error"]).inc();
-                    let _ = tx.send(Out::Events(vec![error_event(&e)])).await;
+                    let _ = tx.send(TurnOutput::Events(vec![error_event(&e)])).await;
                     None
                 }
             };
-            let _ = tx.send(Out::Done(done)).await;
+            let _ = tx.send(TurnOutput::Done(done)).await;
         });
         self.turn = Some(Running { task, rx, previous });
     }
@@ -433,7 +402,7 @@ impl Conn {
     }
 }
 
-async fn recv(turn: &mut Option<Running>) -> Option<Out> {
+async fn recv(turn: &mut Option<Running>) -> Option<TurnOutput> {
     match turn {
         Some(t) => t.rx.recv().await,
         None => std::future::pending().await,
@@ -460,23 +429,23 @@ pub fn error_event(e: &ApiError) -> Event {
 
 /// A turn's events into the connection's channel.
 struct WsSink {
-    tx: mpsc::Sender<Out>,
+    tx: mpsc::Sender<TurnOutput>,
 }
 
 #[async_trait]
 impl EventSink for WsSink {
-    async fn begin(&mut self, _shown: &Shown) -> pingora::Result<()> {
+    async fn begin(&mut self, _headers: &ProxyHeaders) -> pingora::Result<()> {
         Ok(())
     }
 
     async fn events(&mut self, events: Vec<Event>, _last: bool) -> pingora::Result<()> {
         self.tx
-            .send(Out::Events(events))
+            .send(TurnOutput::Events(events))
             .await
             .or_else(|_| pingora::Error::e_explain(pingora::ErrorType::ConnectionClosed, "websocket closed"))
     }
 
-    async fn error(&mut self, status: u16, body: Bytes, _shown: &Shown) -> pingora::Result<()> {
+    async fn error(&mut self, status: u16, body: Bytes, _headers: &ProxyHeaders) -> pingora::Result<()> {
         let error = serde_json::from_slice::<Value>(&body)
             .ok()
             .and_then(|v| v.get("error").cloned())

@@ -45,6 +45,11 @@ impl ApiError {
         Self::new(400, "invalid_request_error", message)
     }
 
+    /// 400: the request field `param` is wrong, as `message` says.
+    pub fn invalid_param(message: impl Into<String>, param: &str) -> ApiError {
+        ApiError::invalid_request(message).with_param(param)
+    }
+
     /// 404 `model_not_found`.
     pub fn model_not_found(model: &str) -> ApiError {
         Self::new(404, "invalid_request_error", format!("The model `{model}` does not exist."))

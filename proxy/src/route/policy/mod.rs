@@ -5,7 +5,6 @@
 mod cache_aware;
 mod least_load;
 mod prefix_hash;
-mod recent;
 mod round_robin;
 mod session;
 

@@ -13,39 +13,43 @@ use pingora::http::ResponseHeader;
 use pingora::protocols::http::client::HttpSession;
 use serde_json::Value;
 use warmpath_wire::openai::ApiError;
+use warmpath_wire::sse;
 
-use super::client::FailKind;
+use super::attempt::{self, note_failure, Attempt, Failure, Reached};
 use super::downstream::Downstream;
-use super::forward::{copy_response_header, note_failure, send, Attempt, Failure, Sent, Shown};
-use super::head::{build_request, Template};
-use super::relay::{end_stream_with_error, Tail};
-use super::request::LlmRoute;
+use super::headers::{is_sse, response_header, WarmpathHeaders};
+use super::relay::{end_stream_with_error, ResponseId, Tail};
 use super::respond::send_error;
-use super::{AppState, RequestCtx};
-use crate::route::{Backend, Pool};
-use crate::tools::search::{self, SearchPlan, SseSplitter, StreamRound};
-use crate::tools::Form;
+use super::Outgoing;
+use crate::request::head::RequestTemplate;
+use crate::request::LlmRoute;
+use crate::route::{self, key, Backend, Selected};
+use crate::state::{AppState, RequestCtx};
+use crate::tools::search::{self, SearchPlan, StreamRound};
+use crate::tools::Api;
+use crate::upstream::FailKind;
 
 /// Largest whole (non-streamed) response read to look for searches.
 const MAX_WHOLE_BODY: usize = 64 << 20;
 
 /// The request as it goes out round after round.
-pub(super) struct Rounds<'a> {
-    pub state: &'a AppState,
-    pub pool: &'a Pool,
-    pub backend: &'a Arc<Backend>,
+struct Rounds<'a> {
+    state: &'a AppState,
+    pool: &'a route::Pool,
+    backend: &'a Arc<Backend>,
     /// The backend's place in its pool.
-    pub index: usize,
-    pub template: &'a Template,
-    pub plan: SearchPlan,
-    pub body: Bytes,
-    pub done: usize,
+    index: usize,
+    template: &'a RequestTemplate,
+    plan: SearchPlan,
+    body: Bytes,
+    /// Rounds answered so far.
+    done: usize,
     /// Responses native form: the search items the client is shown.
-    pub shown: Vec<Value>,
+    search_items: Vec<Value>,
 }
 
 /// The model's turn that made the searches.
-enum Turn {
+enum SearchTurn {
     /// Chat Completions: the message's content.
     Chat(Option<String>),
     /// Responses: the output items.
@@ -56,16 +60,16 @@ impl Rounds<'_> {
     /// Answers the searches of a round and sends the next one; its response header, or why not.
     async fn next(
         &mut self,
-        session: &mut dyn Downstream,
-        turn: Turn,
+        down: &mut dyn Downstream,
+        turn: SearchTurn,
         calls: &[search::SearchCall],
-    ) -> Result<Option<(HttpSession, ResponseHeader)>, String> {
+    ) -> pingora::Result<Result<Option<(HttpSession, ResponseHeader)>, String>> {
         let t = Instant::now();
         let mut answer = match &turn {
-            Turn::Chat(content) => self.plan.answer(content.as_deref(), calls),
-            Turn::Items(items) => self.plan.answer_items(items, calls),
+            SearchTurn::Chat(content) => self.plan.answer(content.as_deref(), calls),
+            SearchTurn::Items(items) => self.plan.answer_items(items, calls),
         };
-        self.shown.append(&mut answer.shown);
+        self.search_items.append(&mut answer.shown);
         self.body = Bytes::from(self.plan.follow_up(&self.body, &answer.messages));
         let m = &self.state.metrics;
         let pool = self.pool.name.as_str();
@@ -76,20 +80,12 @@ impl Rounds<'_> {
         m.tool_searches.with_label_values(&[pool, "empty"]).inc_by(answer.empty_searches as u64);
         m.tools_loaded.with_label_values(&[pool]).inc_by(answer.loaded as u64);
         self.done += 1;
-        let (mut up, _) = self.state.upstream.connect(self.backend).await.map_err(|e| e.to_string())?;
-        let req = build_request(self.template, self.backend, self.body.len()).map_err(|e| e.to_string())?;
-        match send(&mut up, req, &self.body, session).await {
-            Ok(Sent::Header) => {}
-            Ok(Sent::ClientGone) => return Ok(None),
-            Err(e) => return Err(e.to_string()),
-        }
-        let header = up.response_header().cloned().ok_or("no response header")?;
-        Ok(Some((up, header)))
+        Ok(match attempt::open(self.state, down, self.backend, self.template, &self.body).await? {
+            Reached::Header(up, header) => Ok(Some((up, header))),
+            Reached::ClientGone => Ok(None),
+            Reached::Failed(f) => Err(f.label().to_owned()),
+        })
     }
-}
-
-fn is_sse(h: &ResponseHeader) -> bool {
-    h.headers.get(header::CONTENT_TYPE).is_some_and(|v| v.as_bytes().starts_with(b"text/event-stream"))
 }
 
 async fn read_whole(up: &mut HttpSession) -> Result<Bytes, FailKind> {
@@ -104,30 +100,44 @@ async fn read_whole(up: &mut HttpSession) -> Result<Bytes, FailKind> {
     }
 }
 
-/// Serves the rest of a request whose first response header (`header`, status 200) is in.
+/// Serves the rest of a request whose tools were deferred (`plan`), sent to `sel`, whose first
+/// response header (`header`, status 200) is in.
+#[allow(clippy::too_many_arguments)]
 pub(super) async fn serve(
-    mut r: Rounds<'_>,
-    session: &mut dyn Downstream,
+    out: &Outgoing<'_>,
+    sel: &Selected,
+    plan: &SearchPlan,
+    down: &mut dyn Downstream,
     ctx: &mut RequestCtx,
-    route: LlmRoute,
     up: HttpSession,
     header: ResponseHeader,
-    shown: Shown<'_>,
+    shown: WarmpathHeaders<'_>,
 ) -> pingora::Result<Attempt> {
+    let mut r = Rounds {
+        state: out.state,
+        pool: &out.pool.route,
+        backend: sel.backend(),
+        index: sel.index,
+        template: out.template,
+        plan: plan.clone(),
+        body: out.body.clone(),
+        done: 0,
+        search_items: Vec::new(),
+    };
     if is_sse(&header) {
-        stream(r, session, ctx, route, up, header, shown).await
+        stream(r, down, ctx, out.route, up, header, shown).await
     } else {
-        whole(&mut r, session, ctx, up, header, shown).await
+        whole(&mut r, down, ctx, up, header, shown).await
     }
 }
 
 async fn whole(
     r: &mut Rounds<'_>,
-    session: &mut dyn Downstream,
+    down: &mut dyn Downstream,
     ctx: &mut RequestCtx,
     mut up: HttpSession,
     mut header: ResponseHeader,
-    shown: Shown<'_>,
+    shown: WarmpathHeaders<'_>,
 ) -> pingora::Result<Attempt> {
     let mut earlier: Option<Value> = None;
     loop {
@@ -136,22 +146,22 @@ async fn whole(
             Err(kind) if r.done == 0 => return Ok(Attempt::Failed(Failure::Io(kind))),
             Err(kind) => {
                 note_failure(r.state, r.pool, r.backend, kind.label());
-                return fail(session, ctx, "the backend failed during a tool_search round").await;
+                return fail(down, ctx, "the backend failed during a tool_search round").await;
             }
         };
         if up.response_done() {
-            r.state.upstream.release(up, r.backend).await;
+            r.state.upstream.release(up, &r.backend.peer).await;
         }
         let parsed: Option<Value> = serde_json::from_slice(&bytes).ok();
         let status = header.status.as_u16();
         let searches = parsed.as_ref().filter(|_| status == 200).and_then(|v| match r.plan.form {
-            Form::Chat => search::search_calls(v).map(|(c, calls)| (Turn::Chat(c), calls)),
-            Form::Responses => search::search_items(v).map(|(items, calls)| (Turn::Items(items), calls)),
+            Api::Chat => search::search_calls(v).map(|(c, calls)| (SearchTurn::Chat(c), calls)),
+            Api::Responses => search::search_items(v).map(|(items, calls)| (SearchTurn::Items(items), calls)),
         });
         let out = match (searches, parsed) {
             (Some((turn, calls)), Some(v)) if r.done < r.plan.max_rounds => {
                 search::add_usage(&mut earlier, v.get("usage"));
-                match r.next(session, turn, &calls).await {
+                match r.next(down, turn, &calls).await? {
                     Ok(Some((next_up, next_header))) => {
                         up = next_up;
                         header = next_header;
@@ -164,39 +174,39 @@ async fn whole(
                     }
                     Err(e) => {
                         tracing::warn!(backend = %r.backend.name, error = %e, "tool_search round failed");
-                        return fail(session, ctx, "the backend failed during a tool_search round").await;
+                        return fail(down, ctx, "the backend failed during a tool_search round").await;
                     }
                 }
             }
             (Some(_), Some(mut v)) => {
                 // Rounds used up: the client must not see a call to a tool it does not have.
                 search::strip_searches(&mut v);
-                search::final_value(&mut v, earlier, std::mem::take(&mut r.shown));
+                search::final_value(&mut v, earlier, std::mem::take(&mut r.search_items));
                 v.to_string().into_bytes()
             }
             (None, Some(mut v)) if earlier.is_some() => {
-                search::final_value(&mut v, earlier, std::mem::take(&mut r.shown));
+                search::final_value(&mut v, earlier, std::mem::take(&mut r.search_items));
                 v.to_string().into_bytes()
             }
             _ => bytes.to_vec(),
         };
         r.backend.record_success(&r.state.cfg.health, Instant::now());
-        let mut resp = copy_response_header(&header, &r.backend.name, shown)?;
+        let mut resp = response_header(&header, &r.backend.name, shown)?;
         resp.insert_header(header::CONTENT_LENGTH, out.len().to_string())?;
         ctx.status = resp.status.as_u16();
         if let Some((_, rec)) = &mut ctx.recording {
             rec.header(status, header.headers.get(header::CONTENT_TYPE));
             rec.push(&out);
         }
-        if let (Form::Responses, 200) = (r.plan.form, status) {
-            let mut id = super::relay::ResponseId::default();
+        if let (Api::Responses, 200) = (r.plan.form, status) {
+            let mut id = ResponseId::default();
             id.push(&out);
             if let Some(id) = id.take() {
-                r.pool.policy.bind(crate::route::key::response_session(&id), r.index);
+                r.pool.policy.bind(key::response_session(&id), r.index);
             }
         }
-        if session.write_response_header(Box::new(resp), false).await.is_err()
-            || session.write_response_body(Some(Bytes::from(out)), true).await.is_err()
+        if down.write_response_header(Box::new(resp), false).await.is_err()
+            || down.write_response_body(Some(Bytes::from(out)), true).await.is_err()
         {
             r.state.metrics.client_disconnects.inc();
             ctx.client_gone = true;
@@ -210,27 +220,27 @@ async fn whole(
     }
 }
 
-async fn fail(session: &mut dyn Downstream, ctx: &mut RequestCtx, what: &str) -> pingora::Result<Attempt> {
+async fn fail(down: &mut dyn Downstream, ctx: &mut RequestCtx, what: &str) -> pingora::Result<Attempt> {
     let mut e = ApiError::internal(what.to_owned()).with_code("upstream_failed");
     e.status = 502;
     ctx.status = 502;
-    send_error(session, &e, &[]).await?;
+    send_error(down, &e, &[]).await?;
     Ok(Attempt::Done)
 }
 
 async fn stream(
     mut r: Rounds<'_>,
-    session: &mut dyn Downstream,
+    down: &mut dyn Downstream,
     ctx: &mut RequestCtx,
     route: LlmRoute,
     mut up: HttpSession,
     header: ResponseHeader,
-    shown: Shown<'_>,
+    shown: WarmpathHeaders<'_>,
 ) -> pingora::Result<Attempt> {
-    let mut resp = copy_response_header(&header, &r.backend.name, shown)?;
+    let mut resp = response_header(&header, &r.backend.name, shown)?;
     resp.insert_header(header::TRANSFER_ENCODING, "chunked")?;
     ctx.status = header.status.as_u16();
-    if session.write_response_header(Box::new(resp), false).await.is_err() {
+    if down.write_response_header(Box::new(resp), false).await.is_err() {
         r.state.metrics.client_disconnects.inc();
         return Ok(Attempt::Done);
     }
@@ -241,7 +251,7 @@ async fn stream(
     let mut usage: Option<Value> = None;
     let mut tail = Tail::default();
     loop {
-        let mut split = SseSplitter::default();
+        let mut split = sse::Splitter::default();
         loop {
             if up.response_done() {
                 break;
@@ -249,7 +259,7 @@ async fn stream(
             let chunk = tokio::select! {
                 biased;
                 c = up.read_response_body() => c,
-                _ = session.gone() => {
+                _ = down.gone() => {
                     r.state.metrics.client_disconnects.inc();
                     ctx.client_gone = true;
                     return Ok(Attempt::Done);
@@ -258,7 +268,7 @@ async fn stream(
             match chunk {
                 Ok(Some(bytes)) => {
                     let mut out = String::new();
-                    for data in split.push(&bytes) {
+                    for data in split.feed(&bytes) {
                         if let Some(ev) = round.event(&data) {
                             out.push_str("data: ");
                             out.push_str(&ev);
@@ -270,7 +280,7 @@ async fn stream(
                         if let Some((_, rec)) = &mut ctx.recording {
                             rec.push(out.as_bytes());
                         }
-                        if session.write_response_body(Some(Bytes::from(out)), false).await.is_err() {
+                        if down.write_response_body(Some(Bytes::from(out)), false).await.is_err() {
                             r.state.metrics.client_disconnects.inc();
                             ctx.client_gone = true;
                             return Ok(Attempt::Done);
@@ -283,26 +293,25 @@ async fn stream(
                     let kind = FailKind::of(&e);
                     note_failure(r.state, r.pool, r.backend, "stream_cut");
                     let msg = format!("the backend's stream broke off ({})", kind.label());
-                    let _ = end_stream_with_error(session, route, &tail, &msg).await;
+                    let _ = end_stream_with_error(down, route, &tail, &msg).await;
                     return Ok(Attempt::Done);
                 }
             }
         }
         if up.response_done() {
-            r.state.upstream.release(up, r.backend).await;
+            r.state.upstream.release(up, &r.backend.peer).await;
         }
         search::add_usage(&mut usage, round.usage.as_ref());
         if !round.done {
             note_failure(r.state, r.pool, r.backend, "stream_cut");
-            let _ =
-                end_stream_with_error(session, route, &tail, "the backend ended the stream without [DONE]")
-                    .await;
+            let _ = end_stream_with_error(down, route, &tail, "the backend ended the stream without [DONE]")
+                .await;
             return Ok(Attempt::Done);
         }
         let mut end = String::new();
         match round.searches() {
             Some((content, calls)) if r.done < r.plan.max_rounds => {
-                match r.next(session, Turn::Chat(content), &calls).await {
+                match r.next(down, SearchTurn::Chat(content), &calls).await? {
                     Ok(Some((next_up, h))) if h.status.as_u16() == 200 && is_sse(&h) => {
                         up = next_up;
                         round = round.next_round();
@@ -310,7 +319,7 @@ async fn stream(
                     }
                     Ok(Some((_, h))) => {
                         let msg = format!("the backend answered a tool_search round with {}", h.status);
-                        let _ = end_stream_with_error(session, route, &tail, &msg).await;
+                        let _ = end_stream_with_error(down, route, &tail, &msg).await;
                         return Ok(Attempt::Done);
                     }
                     Ok(None) => {
@@ -321,7 +330,7 @@ async fn stream(
                     Err(e) => {
                         tracing::warn!(backend = %r.backend.name, error = %e, "tool_search round failed");
                         let _ = end_stream_with_error(
-                            session,
+                            down,
                             route,
                             &tail,
                             "the backend failed during a tool_search round",
@@ -344,7 +353,7 @@ async fn stream(
         if let Some((_, rec)) = &mut ctx.recording {
             rec.push(end.as_bytes());
         }
-        if session.write_response_body(Some(Bytes::from(end)), true).await.is_err() {
+        if down.write_response_body(Some(Bytes::from(end)), true).await.is_err() {
             r.state.metrics.client_disconnects.inc();
             ctx.client_gone = true;
         } else if let Some((_, rec)) = &mut ctx.recording {

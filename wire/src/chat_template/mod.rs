@@ -30,6 +30,11 @@
 //! system (or developer) message or tools are given. The final `<|im_start|>assistant\n` is the
 //! generation prompt. Text content is plain text: special-token strings inside it are not
 //! special (see [`render_tokens`]).
+//!
+//! [`jinja`] renders an external model's own Hugging Face template instead, as transformers and
+//! vLLM do.
+
+pub mod jinja;
 
 use crate::openai::{ChatMessage, Role, Tool};
 use crate::tokenizer::{Tokenizer, IM_END, IM_START};

@@ -1,3 +1,6 @@
+//! The parsed request, at the bottom of the proxy: every stage that reads a request reads these
+//! views, and this module imports nothing of the proxy.
+//!
 //! The LLM routes and their bodies. A body is parsed once into a typed view that borrows from
 //! it: what routing reads is typed (`model`, the messages' roles, the content to hash), every
 //! other top-level field is kept as its raw JSON slice, in order, and everything below that stays
@@ -13,8 +16,8 @@ use serde::Deserialize;
 use serde_json::value::RawValue;
 use warmpath_wire::openai::ApiError;
 
-use crate::canon::Blocks;
-use crate::route::{key, Pool, RouteKey};
+pub mod head;
+pub mod json;
 
 /// A route that goes to a backend.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -63,24 +66,24 @@ impl LlmRoute {
 
 /// A string that borrows from the body unless it had escapes.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Str<'a>(pub Cow<'a, str>);
+pub struct BodyStr<'a>(pub Cow<'a, str>);
 
-impl<'de: 'a, 'a> Deserialize<'de> for Str<'a> {
+impl<'de: 'a, 'a> Deserialize<'de> for BodyStr<'a> {
     fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
         struct V<'a>(std::marker::PhantomData<&'a ()>);
         impl<'de: 'a, 'a> Visitor<'de> for V<'a> {
-            type Value = Str<'a>;
+            type Value = BodyStr<'a>;
             fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
                 f.write_str("a string")
             }
             fn visit_borrowed_str<E: de::Error>(self, v: &'de str) -> Result<Self::Value, E> {
-                Ok(Str(Cow::Borrowed(v)))
+                Ok(BodyStr(Cow::Borrowed(v)))
             }
             fn visit_str<E: de::Error>(self, v: &str) -> Result<Self::Value, E> {
-                Ok(Str(Cow::Owned(v.to_owned())))
+                Ok(BodyStr(Cow::Owned(v.to_owned())))
             }
             fn visit_string<E: de::Error>(self, v: String) -> Result<Self::Value, E> {
-                Ok(Str(Cow::Owned(v)))
+                Ok(BodyStr(Cow::Owned(v)))
             }
         }
         d.deserialize_str(V(std::marker::PhantomData))
@@ -91,21 +94,21 @@ impl<'de: 'a, 'a> Deserialize<'de> for Str<'a> {
 #[derive(Debug, Deserialize)]
 pub struct MessageView<'a> {
     #[serde(borrow)]
-    pub role: Str<'a>,
+    pub role: BodyStr<'a>,
     #[serde(borrow, default)]
     pub content: Option<ContentView<'a>>,
     /// Assistant turns: the calls, read leniently where they are rendered.
     #[serde(borrow, default)]
     pub tool_calls: Option<&'a RawValue>,
     #[serde(borrow, default)]
-    pub tool_call_id: Option<Str<'a>>,
+    pub tool_call_id: Option<BodyStr<'a>>,
 }
 
 /// Message content, decoded in the same pass as the message: a string, a list of parts, or
 /// something else (kept in the body, not rendered).
 #[derive(Debug)]
 pub enum ContentView<'a> {
-    Text(Str<'a>),
+    Text(BodyStr<'a>),
     Parts(Vec<PartView<'a>>),
     Other,
 }
@@ -114,9 +117,9 @@ pub enum ContentView<'a> {
 #[derive(Debug, Deserialize)]
 pub struct PartView<'a> {
     #[serde(borrow, rename = "type", default)]
-    pub kind: Option<Str<'a>>,
+    pub kind: Option<BodyStr<'a>>,
     #[serde(borrow, default)]
-    pub text: Option<Str<'a>>,
+    pub text: Option<BodyStr<'a>>,
 }
 
 impl<'a> ContentView<'a> {
@@ -150,13 +153,13 @@ impl<'de: 'a, 'a> Deserialize<'de> for ContentView<'a> {
                 f.write_str("a string or a list of content parts")
             }
             fn visit_borrowed_str<E: de::Error>(self, v: &'de str) -> Result<Self::Value, E> {
-                Ok(ContentView::Text(Str(Cow::Borrowed(v))))
+                Ok(ContentView::Text(BodyStr(Cow::Borrowed(v))))
             }
             fn visit_str<E: de::Error>(self, v: &str) -> Result<Self::Value, E> {
-                Ok(ContentView::Text(Str(Cow::Owned(v.to_owned()))))
+                Ok(ContentView::Text(BodyStr(Cow::Owned(v.to_owned()))))
             }
             fn visit_string<E: de::Error>(self, v: String) -> Result<Self::Value, E> {
-                Ok(ContentView::Text(Str(Cow::Owned(v))))
+                Ok(ContentView::Text(BodyStr(Cow::Owned(v))))
             }
             fn visit_seq<A: de::SeqAccess<'de>>(self, mut seq: A) -> Result<Self::Value, A::Error> {
                 let mut parts = Vec::new();
@@ -190,7 +193,7 @@ impl<'de: 'a, 'a> Deserialize<'de> for ContentView<'a> {
 #[derive(Debug)]
 pub struct LlmRequest<'a> {
     pub route: LlmRoute,
-    pub model: Str<'a>,
+    pub model: BodyStr<'a>,
     /// Chat only: the messages, and each one's raw JSON.
     pub messages: Vec<MessageView<'a>>,
     pub raw_messages: Vec<&'a RawValue>,
@@ -202,7 +205,7 @@ pub struct LlmRequest<'a> {
     /// field had (read once here: a 50 KB tool list must not be scanned twice).
     pub tools: Option<(usize, Vec<&'a RawValue>)>,
     /// Every other top-level field, in order, as raw JSON.
-    pub extra: Vec<(Str<'a>, &'a RawValue)>,
+    pub extra: Vec<(BodyStr<'a>, &'a RawValue)>,
 }
 
 impl<'a> LlmRequest<'a> {
@@ -220,39 +223,14 @@ impl<'a> LlmRequest<'a> {
         &self.model.0
     }
 
-    /// A top-level string field not typed here (`user`, `prompt_cache_key`), if it is a string.
-    pub fn extra_str(&self, name: &str) -> Option<Cow<'a, str>> {
-        let raw = self.extra.iter().find(|(k, _)| k.0 == name)?.1;
-        serde_json::from_str::<Str<'a>>(raw.get()).ok().map(|s| s.0)
+    /// A top-level field not typed here, as raw JSON.
+    pub fn extra_raw(&self, name: &str) -> Option<&'a RawValue> {
+        self.extra.iter().find(|(k, _)| k.0 == name).map(|(_, v)| *v)
     }
 
-    /// The routing key the pool's policy asks for, from the prompt's prefix blocks (computed
-    /// where the policy wants a prefix or blocks; moved into the key, not copied) and the
-    /// session fields.
-    pub fn route_key(&self, pool: &Pool, session_header: Option<&str>, blocks: Option<Blocks>) -> RouteKey {
-        let prefix = blocks
-            .as_ref()
-            .filter(|_| pool.policy.wants_prefix())
-            .map(|b| key::prefix_key(b, pool.prefix_blocks));
-        let session = pool
-            .policy
-            .wants_session()
-            .then(|| {
-                // A chained response goes where its predecessor is, whatever else names a session.
-                if let Some(prev) = self.extra_str("previous_response_id").filter(|p| !p.is_empty()) {
-                    return Some(key::response_session(&prev));
-                }
-                let from_body = || self.extra_str("prompt_cache_key").or_else(|| self.extra_str("user"));
-                key::session_key(session_header, from_body)
-            })
-            .flatten();
-        let mut k = RouteKey { prefix, session, ..RouteKey::default() };
-        if let Some(b) = blocks.filter(|_| pool.policy.wants_blocks()) {
-            k.tokens = b.units;
-            k.per_block = b.per_block;
-            k.blocks = b.hashes;
-        }
-        k
+    /// A top-level string field not typed here (`user`, `prompt_cache_key`), if it is a string.
+    pub fn extra_str(&self, name: &str) -> Option<Cow<'a, str>> {
+        serde_json::from_str::<BodyStr<'a>>(self.extra_raw(name)?.get()).ok().map(|s| s.0)
     }
 }
 
@@ -275,13 +253,13 @@ impl<'de> Visitor<'de> for RequestSeed {
     fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
         let route = self.0;
         let content_field = route.content_field();
-        let mut model: Option<Str<'de>> = None;
+        let mut model: Option<BodyStr<'de>> = None;
         let mut messages: Option<Vec<&'de RawValue>> = None;
         let mut content: Option<&'de RawValue> = None;
         let mut instructions: Option<&'de RawValue> = None;
         let mut tools: Option<(usize, Vec<&'de RawValue>)> = None;
         let mut extra = Vec::new();
-        while let Some(k) = map.next_key::<Str<'de>>()? {
+        while let Some(k) = map.next_key::<BodyStr<'de>>()? {
             let dup = |name: &'static str| de::Error::duplicate_field(name);
             match k.0.as_ref() {
                 "model" => {
@@ -311,7 +289,7 @@ impl<'de> Visitor<'de> for RequestSeed {
                 }
                 _ => {
                     let v: &'de RawValue = map.next_value()?;
-                    if extra.iter().any(|(e, _): &(Str<'de>, &RawValue)| e.0 == k.0) {
+                    if extra.iter().any(|(e, _): &(BodyStr<'de>, &RawValue)| e.0 == k.0) {
                         return Err(de::Error::custom(format!("duplicate field `{}`", k.0)));
                     }
                     extra.push((k, v));

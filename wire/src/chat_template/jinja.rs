@@ -13,8 +13,11 @@ use minijinja::value::{Kwargs, Value as JValue, ValueKind};
 use minijinja::{Environment, Error, ErrorKind};
 use serde_json::Value;
 
+/// A value as templates see it (what [`parse`] gives).
+pub use minijinja::Value as TemplateValue;
+
 /// A loaded chat template with the special tokens it refers to.
-pub struct ChatTemplate {
+pub struct JinjaTemplate {
     env: Environment<'static>,
     bos: String,
     eos: String,
@@ -22,19 +25,19 @@ pub struct ChatTemplate {
     pub source: String,
 }
 
-impl std::fmt::Debug for ChatTemplate {
+impl std::fmt::Debug for JinjaTemplate {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("ChatTemplate").field("source", &self.source).finish()
+        f.debug_struct("JinjaTemplate").field("source", &self.source).finish()
     }
 }
 
 const NAME: &str = "chat";
 
-impl ChatTemplate {
+impl JinjaTemplate {
     /// Loads `path`: a `.jinja` file, or a `tokenizer_config.json` (its `chat_template` and
     /// `bos_token` / `eos_token`). A `tokenizer_config.json` beside a `.jinja` file supplies the
     /// special tokens.
-    pub fn load(path: &Path) -> Result<ChatTemplate, String> {
+    pub fn load(path: &Path) -> Result<JinjaTemplate, String> {
         let text =
             std::fs::read_to_string(path).map_err(|e| format!("cannot read {}: {e}", path.display()))?;
         let is_json = path.extension().is_some_and(|e| e == "json");
@@ -82,7 +85,7 @@ impl ChatTemplate {
         template_of(&v).map(|_| config)
     }
 
-    pub fn new(source: String, bos: String, eos: String, name: String) -> Result<ChatTemplate, String> {
+    pub fn new(source: String, bos: String, eos: String, name: String) -> Result<JinjaTemplate, String> {
         let mut env = Environment::new();
         let syntax = minijinja::syntax::SyntaxConfig::builder()
             .trim_blocks(true)
@@ -97,7 +100,7 @@ impl ChatTemplate {
         env.add_function("strftime_now", |fmt: String| strftime(&fmt, now_utc()));
         env.add_filter("tojson", tojson);
         env.add_template_owned(NAME, source).map_err(|e| format!("{name}: {e}"))?;
-        Ok(ChatTemplate { env, bos, eos, source: name })
+        Ok(JinjaTemplate { env, bos, eos, source: name })
     }
 
     /// The prompt for `messages` (chat-completions shape, as parsed by [`parse`]) and `tools`;
@@ -341,8 +344,8 @@ mod tests {
         parse(json).expect("json").try_iter().expect("list").collect()
     }
 
-    fn compile(src: &str) -> ChatTemplate {
-        ChatTemplate::new(src.into(), String::new(), String::new(), "t".into()).expect("compiles")
+    fn compile(src: &str) -> JinjaTemplate {
+        JinjaTemplate::new(src.into(), String::new(), String::new(), "t".into()).expect("compiles")
     }
 
     #[test]
@@ -384,9 +387,9 @@ mod tests {
     /// (`scripts/make-tokenizer-fixtures.py`): warmpath renders and tokenizes the same.
     #[test]
     fn renders_and_tokenizes_as_transformers_does() {
-        let data = Path::new(env!("CARGO_MANIFEST_DIR")).join("../wire/tests/data");
-        let tok = warmpath_wire::tokenizer::Tokenizer::from_file(&data.join("llama3-style.tokenizer.json"))
-            .expect("loads");
+        let data = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data");
+        let tok =
+            crate::tokenizer::Tokenizer::from_file(&data.join("llama3-style.tokenizer.json")).expect("loads");
         let fixture =
             parse(&std::fs::read_to_string(data.join("chat-template.expected.json")).expect("reads"))
                 .expect("json");

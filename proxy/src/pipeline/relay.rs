@@ -6,11 +6,12 @@ use std::time::Instant;
 use bytes::Bytes;
 use pingora::protocols::http::client::HttpSession;
 use warmpath_wire::openai::ApiError;
+use warmpath_wire::sse;
 
-use super::client::FailKind;
 use super::downstream::Downstream;
-use super::request::LlmRoute;
+use crate::request::LlmRoute;
 use crate::route::PrefillTicket;
+use crate::upstream::FailKind;
 
 /// How a relay ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -105,7 +106,7 @@ impl ResponseId {
 #[derive(Debug)]
 pub struct PrefillWatch {
     sse: bool,
-    buf: Vec<u8>,
+    events: sse::Splitter,
     done: bool,
 }
 
@@ -114,7 +115,7 @@ impl PrefillWatch {
     const LOOK: usize = 64 << 10;
 
     pub fn new(sse: bool) -> PrefillWatch {
-        PrefillWatch { sse, buf: Vec::new(), done: false }
+        PrefillWatch { sse, events: sse::Splitter::default(), done: false }
     }
 
     /// Feeds the next chunk; true once the prefill is known to be done.
@@ -126,47 +127,29 @@ impl PrefillWatch {
             self.done = true;
             return true;
         }
-        self.buf.extend_from_slice(b);
-        while let Some((end, sep)) = event_end(&self.buf) {
-            if !is_opening(&self.buf[..end]) {
+        self.events.push(b);
+        while let Some(data) = self.events.next_data() {
+            if !is_opening(&data) {
                 self.done = true;
                 break;
             }
-            self.buf.drain(..end + sep);
         }
-        self.done |= self.buf.len() > Self::LOOK;
+        self.done |= self.events.buffered() > Self::LOOK;
         if self.done {
-            self.buf = Vec::new();
+            self.events = sse::Splitter::default();
         }
         self.done
     }
 }
 
-/// Where the first SSE event in `buf` ends, and the length of its blank-line separator.
-fn event_end(buf: &[u8]) -> Option<(usize, usize)> {
-    let lf = find(buf, b"\n\n").map(|i| (i, 2));
-    let crlf = find(buf, b"\r\n\r\n").map(|i| (i, 4));
-    match (lf, crlf) {
-        (Some(a), Some(b)) => Some(if a.0 <= b.0 { a } else { b }),
-        (a, b) => a.or(b),
-    }
-}
-
-/// An SSE event that carries no output: see [`PrefillWatch`].
-fn is_opening(event: &[u8]) -> bool {
+/// An SSE event (its data) that carries no output: see [`PrefillWatch`].
+fn is_opening(data: &str) -> bool {
     use serde_json::Value;
-    let mut data = Vec::new();
-    for line in event.split(|&c| c == b'\n') {
-        let line = line.strip_suffix(b"\r").unwrap_or(line);
-        if let Some(d) = line.strip_prefix(b"data:") {
-            data.extend_from_slice(d.strip_prefix(b" ").unwrap_or(d));
-        }
-    }
     if data.is_empty() {
         return true; // a comment, a keep-alive, an event name alone
     }
     // `[DONE]`, an error, anything unexpected: the answer is under way or over.
-    let Ok(v) = serde_json::from_slice::<Value>(&data) else { return false };
+    let Ok(v) = serde_json::from_str::<Value>(data) else { return false };
     if let Some(t) = v.get("type").and_then(Value::as_str) {
         return matches!(t, "response.created" | "response.in_progress");
     }
@@ -201,7 +184,7 @@ fn trim(b: &[u8]) -> &[u8] {
 /// `prefill` released when `watch` sees the prefill done.
 pub async fn pump(
     up: &mut HttpSession,
-    session: &mut dyn Downstream,
+    down: &mut dyn Downstream,
     first_byte: &mut Option<Instant>,
     (prefill, watch): (&PrefillTicket, &mut PrefillWatch),
     tail: &mut Tail,
@@ -216,7 +199,7 @@ pub async fn pump(
         let chunk = tokio::select! {
             biased;
             r = up.read_response_body() => r,
-            _ = session.gone() => return Pumped::ClientGone,
+            _ = down.gone() => return Pumped::ClientGone,
         };
         match chunk {
             Ok(Some(bytes)) => {
@@ -228,7 +211,7 @@ pub async fn pump(
                 if watch.push(&bytes) {
                     prefill.release();
                 }
-                if session.write_response_body(Some(bytes), false).await.is_err() {
+                if down.write_response_body(Some(bytes), false).await.is_err() {
                     return Pumped::ClientGone;
                 }
                 first_byte.get_or_insert_with(Instant::now);
@@ -242,7 +225,7 @@ pub async fn pump(
 /// Ends an SSE stream whose backend failed: a terminal error event the OpenAI SDKs raise as an
 /// `APIError`, then `data: [DONE]` on routes that use it, then the end of the body.
 pub async fn end_stream_with_error(
-    session: &mut dyn Downstream,
+    down: &mut dyn Downstream,
     route: LlmRoute,
     tail: &Tail,
     message: &str,
@@ -270,7 +253,7 @@ pub async fn end_stream_with_error(
     if route.ends_with_done() {
         out.push_str("data: [DONE]\n\n");
     }
-    session.write_response_body(Some(Bytes::from(out)), true).await
+    down.write_response_body(Some(Bytes::from(out)), true).await
 }
 
 #[cfg(test)]

@@ -5,12 +5,8 @@
 use http::header::{self, HeaderName};
 use pingora::http::RequestHeader;
 
-use super::client::request_header;
-use crate::cache::Directives;
-use crate::route::Backend;
-
 /// Hop-by-hop headers (RFC 9110 §7.6.1): never forwarded in either direction.
-pub(super) const HOP_BY_HOP: [&str; 7] =
+pub const HOP_BY_HOP: [&str; 7] =
     ["connection", "keep-alive", "proxy-connection", "te", "trailer", "transfer-encoding", "upgrade"];
 
 /// Request headers warmpath does not forward: hop-by-hop ones, a WebSocket handshake's (a
@@ -24,10 +20,10 @@ fn skip_request_header(name: &HeaderName) -> bool {
 
 /// What one request's forwarding reads of the client's request head.
 pub struct Head {
-    pub(super) template: Template,
+    pub template: RequestTemplate,
     /// `x-session-id`: a routing session key.
-    pub(super) session_id: Option<String>,
-    pub(super) cache_control: Directives,
+    pub session_id: Option<String>,
+    pub cache_control: CacheDirectives,
     authorization: Option<Vec<u8>>,
 }
 
@@ -37,14 +33,14 @@ impl Head {
         Head {
             template: upstream_template(req),
             session_id: header("x-session-id").and_then(|v| std::str::from_utf8(v).ok()).map(str::to_owned),
-            cache_control: Directives::parse(header(header::CACHE_CONTROL.as_str())),
+            cache_control: CacheDirectives::parse(header(header::CACHE_CONTROL.as_str())),
             authorization: header(header::AUTHORIZATION.as_str()).map(<[u8]>::to_vec),
         }
     }
 
     /// The same head sent to another path (a translated request), POST, with JSON in.
     pub fn for_path(&self, path: &str) -> Head {
-        let mut template = Template {
+        let mut template = RequestTemplate {
             path: path.as_bytes().to_vec(),
             method: http::Method::POST,
             headers: self.template.headers.clone(),
@@ -73,32 +69,81 @@ impl Head {
     }
 }
 
-/// The client's path and headers, minus what is per hop; `Host` and the body length are set
-/// per backend.
-pub struct Template {
+/// The client's path and headers, minus what is per hop: what each backend's request header is
+/// built from (`Host` and the body length are set per backend).
+pub struct RequestTemplate {
     path: Vec<u8>,
     method: http::Method,
     headers: Vec<(HeaderName, http::HeaderValue)>,
 }
 
-fn upstream_template(req: &RequestHeader) -> Template {
+fn upstream_template(req: &RequestHeader) -> RequestTemplate {
     let headers = req
         .headers
         .iter()
         .filter(|(n, _)| !skip_request_header(n))
         .map(|(n, v)| (n.clone(), v.clone()))
         .collect();
-    Template { path: req.raw_path().to_vec(), method: req.method.clone(), headers }
+    RequestTemplate { path: req.raw_path().to_vec(), method: req.method.clone(), headers }
 }
 
-pub fn build_request(t: &Template, backend: &Backend, body_len: usize) -> pingora::Result<RequestHeader> {
-    let mut path = Vec::with_capacity(backend.url.base_path.len() + t.path.len());
-    path.extend_from_slice(backend.url.base_path.as_bytes());
-    path.extend_from_slice(&t.path);
-    let mut req = request_header(t.method.as_str(), &path, backend)?;
-    for (n, v) in &t.headers {
-        req.append_header(n.clone(), v.clone())?;
+impl RequestTemplate {
+    /// The request header for a backend at `authority` whose URL has `base_path`.
+    pub fn build(&self, base_path: &str, authority: &str, body_len: usize) -> pingora::Result<RequestHeader> {
+        let mut path = Vec::with_capacity(base_path.len() + self.path.len());
+        path.extend_from_slice(base_path.as_bytes());
+        path.extend_from_slice(&self.path);
+        let mut req = RequestHeader::build(self.method.as_str(), &path, Some(self.headers.len() + 2))?;
+        req.insert_header(header::HOST, authority)?;
+        for (n, v) in &self.headers {
+            req.append_header(n.clone(), v.clone())?;
+        }
+        req.insert_header(header::CONTENT_LENGTH, body_len.to_string())?;
+        Ok(req)
     }
-    req.insert_header(header::CONTENT_LENGTH, body_len.to_string())?;
-    Ok(req)
+}
+
+/// What the client's `Cache-Control` asks of warmpath's response cache.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct CacheDirectives {
+    /// `no-cache`: do not answer from the cache (the answer may still be kept).
+    pub no_lookup: bool,
+    /// `no-store`: neither answer from nor keep.
+    pub no_store: bool,
+}
+
+impl CacheDirectives {
+    pub fn parse(header: Option<&[u8]>) -> CacheDirectives {
+        let mut d = CacheDirectives::default();
+        let Some(h) = header.and_then(|h| std::str::from_utf8(h).ok()) else { return d };
+        for part in h.split(',') {
+            match part.trim().to_ascii_lowercase().as_str() {
+                "no-cache" => d.no_lookup = true,
+                "no-store" => {
+                    d.no_lookup = true;
+                    d.no_store = true;
+                }
+                _ => {}
+            }
+        }
+        d
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn cache_control() {
+        assert_eq!(CacheDirectives::parse(None), CacheDirectives::default());
+        assert_eq!(
+            CacheDirectives::parse(Some(b"max-age=0, No-Cache")),
+            CacheDirectives { no_lookup: true, no_store: false }
+        );
+        assert_eq!(
+            CacheDirectives::parse(Some(b"no-store")),
+            CacheDirectives { no_lookup: true, no_store: true }
+        );
+    }
 }

@@ -1,16 +1,49 @@
-//! Talking to backends through pingora's connector pool: the shared [`Upstream`], a small
-//! `GET` for probes and model lists, and the classification of pingora's errors into what the
-//! proxy acts on (retry or not, eject or not, which status the client gets).
+//! Talking to backends through pingora's connector pool: the shared [`Upstream`], each
+//! backend's [`Peer`] (where and how to connect), a small `GET` for probes and model lists, and
+//! the classification of pingora's errors into what the proxy acts on (retry or not, eject or
+//! not, which status the client gets).
 
+use std::net::ToSocketAddrs;
 use std::time::Duration;
 
 use bytes::{Bytes, BytesMut};
 use pingora::connectors::http::Connector;
 use pingora::http::RequestHeader;
 use pingora::protocols::http::client::HttpSession;
+use pingora::upstreams::peer::HttpPeer;
 use pingora::{Error, ErrorType};
 
-use crate::route::Backend;
+use crate::config::{BackendUrl, UpstreamConfig};
+
+/// One backend's address as the connector uses it.
+#[derive(Debug)]
+pub struct Peer {
+    pub url: BackendUrl,
+    /// `host:port`, the `Host` header of every request.
+    pub authority: String,
+    /// The connection template (resolved address, TLS, timeouts).
+    pub http: HttpPeer,
+}
+
+impl Peer {
+    /// The connection template of a backend. Names are resolved once, here: pingora's own
+    /// resolution blocks the worker thread.
+    pub fn new(url: BackendUrl, up: &UpstreamConfig) -> Result<Peer, String> {
+        let addr = (url.host.as_str(), url.port)
+            .to_socket_addrs()
+            .map_err(|e| format!("cannot resolve backend {url}: {e}"))?
+            .next()
+            .ok_or_else(|| format!("backend {url} resolves to no address"))?;
+        let mut peer = HttpPeer::new(addr, url.tls, url.host.clone());
+        let ms = Duration::from_millis;
+        peer.options.connection_timeout = Some(ms(up.connect_timeout_ms));
+        peer.options.total_connection_timeout = Some(ms(up.connect_timeout_ms.saturating_mul(2)));
+        peer.options.read_timeout = Some(ms(up.idle_timeout_ms));
+        peer.options.write_timeout = Some(ms(up.idle_timeout_ms));
+        peer.options.idle_timeout = Some(ms(up.pool_idle_timeout_ms));
+        Ok(Peer { authority: url.authority(), url, http: peer })
+    }
+}
 
 /// The upstream side: one connector (and its connection pool) for the whole process.
 pub struct Upstream {
@@ -26,16 +59,16 @@ impl Upstream {
 
     /// A connection to `backend` (pooled or new; `true` when reused) with the idle timeout on
     /// every read and write: pingora's connector leaves the peer's timeouts to its proxy loop.
-    pub async fn connect(&self, backend: &Backend) -> Result<(HttpSession, bool), Box<Error>> {
-        let (mut s, reused) = self.connector.get_http_session(&backend.peer).await?;
-        s.set_read_timeout(backend.peer.options.read_timeout);
-        s.set_write_timeout(backend.peer.options.write_timeout);
+    pub async fn connect(&self, peer: &Peer) -> Result<(HttpSession, bool), Box<Error>> {
+        let (mut s, reused) = self.connector.get_http_session(&peer.http).await?;
+        s.set_read_timeout(peer.http.options.read_timeout);
+        s.set_write_timeout(peer.http.options.write_timeout);
         Ok((s, reused))
     }
 
     /// Returns a connection whose response was read to the end to the pool.
-    pub async fn release(&self, session: HttpSession, backend: &Backend) {
-        self.connector.release_http_session(session, &backend.peer, Some(self.pool_idle)).await;
+    pub async fn release(&self, session: HttpSession, peer: &Peer) {
+        self.connector.release_http_session(session, &peer.http, Some(self.pool_idle)).await;
     }
 }
 
@@ -72,24 +105,13 @@ impl FailKind {
     }
 }
 
-/// A request header for `path` (already including the backend's base path) with `Host` set.
-pub fn request_header(method: &str, path: &[u8], backend: &Backend) -> Result<RequestHeader, Box<Error>> {
-    let mut req = RequestHeader::build(method, path, Some(8))?;
-    req.insert_header(http::header::HOST, backend.url.authority())?;
-    Ok(req)
-}
-
 /// `GET {base}{path}` with a deadline; the status and body (at most 4 MiB).
-pub async fn get(
-    up: &Upstream,
-    backend: &Backend,
-    path: &str,
-    timeout: Duration,
-) -> Result<(u16, Bytes), String> {
+pub async fn get(up: &Upstream, peer: &Peer, path: &str, timeout: Duration) -> Result<(u16, Bytes), String> {
     let call = async {
-        let full = format!("{}{path}", backend.url.base_path);
-        let (mut s, _) = up.connect(backend).await.map_err(|e| e.to_string())?;
-        let req = request_header("GET", full.as_bytes(), backend).map_err(|e| e.to_string())?;
+        let full = format!("{}{path}", peer.url.base_path);
+        let (mut s, _) = up.connect(peer).await.map_err(|e| e.to_string())?;
+        let mut req = RequestHeader::build("GET", full.as_bytes(), Some(2)).map_err(|e| e.to_string())?;
+        req.insert_header(http::header::HOST, peer.authority.as_str()).map_err(|e| e.to_string())?;
         s.write_request_header(Box::new(req)).await.map_err(|e| e.to_string())?;
         s.finish_request_body().await.map_err(|e| e.to_string())?;
         s.read_response_header().await.map_err(|e| e.to_string())?;
@@ -101,7 +123,7 @@ pub async fn get(
             }
             body.extend_from_slice(&chunk);
         }
-        up.release(s, backend).await;
+        up.release(s, peer).await;
         Ok((status, body.freeze()))
     };
     tokio::time::timeout(timeout, call).await.map_err(|_| format!("no answer within {timeout:?}"))?

@@ -1,0 +1,139 @@
+//! The API listener's entry: pingora's `ProxyHttp`, with every route answered in
+//! `request_filter` (the "self-proxy" pattern: pingora's own upstream phase cannot see the
+//! body, and the stages that follow need to await between chunks). `request_filter` decides
+//! which route a request is and hands it to its entry point — the HTTP routes (`http`) or
+//! WebSocket mode (`ws`), siblings that share the stages below them; `logging` records each
+//! request's metrics and access log line.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use pingora::proxy::{ProxyHttp, Session};
+use pingora::upstreams::peer::HttpPeer;
+use pingora::{Error, ErrorType, Result};
+use warmpath_wire::openai::ApiError;
+
+use crate::pipeline::cached::finish_recording;
+use crate::pipeline::respond::send_error;
+use crate::request::LlmRoute;
+use crate::state::{AppState, RequestCtx};
+
+pub struct WarmpathProxy {
+    pub state: Arc<AppState>,
+}
+
+/// Which entry point answers a request.
+enum Route {
+    Llm(LlmRoute),
+    /// `GET /v1/responses` with `Upgrade: websocket`.
+    WebSocket,
+    Models,
+    MethodNotAllowed(&'static str),
+    NotFound,
+}
+
+fn route_of(req: &pingora::http::RequestHeader) -> Route {
+    let (method, path) = (&req.method, req.uri.path());
+    let post = method == http::Method::POST;
+    match (LlmRoute::from_path(path), path) {
+        (Some(LlmRoute::Responses), _) if method == http::Method::GET && crate::ws::is_upgrade(req) => {
+            Route::WebSocket
+        }
+        (Some(r), _) if post => Route::Llm(r),
+        (Some(_), _) => Route::MethodNotAllowed("POST"),
+        (None, "/v1/models") if method == http::Method::GET => Route::Models,
+        (None, "/v1/models") => Route::MethodNotAllowed("GET"),
+        _ => Route::NotFound,
+    }
+}
+
+#[async_trait]
+impl ProxyHttp for WarmpathProxy {
+    type CTX = RequestCtx;
+
+    fn new_ctx(&self) -> RequestCtx {
+        RequestCtx::new()
+    }
+
+    async fn early_request_filter(&self, session: &mut Session, _ctx: &mut RequestCtx) -> Result<()> {
+        crate::limits::headers_done(session);
+        Ok(())
+    }
+
+    async fn request_filter(&self, session: &mut Session, ctx: &mut RequestCtx) -> Result<bool> {
+        let state = &self.state;
+        let route = route_of(session.req_header());
+        if !matches!(route, Route::Llm(_) | Route::WebSocket) {
+            // Only LLM routes read the body; any other answer must not strand one.
+            let deadline = Duration::from_millis(state.cfg.limits.body_read_timeout_ms);
+            crate::http::body::discard_small_body(session, deadline).await;
+        }
+        let req = session.req_header();
+        match route {
+            Route::WebSocket => {
+                crate::ws::serve(state, session, ctx).await?;
+            }
+            Route::Llm(LlmRoute::Responses) => {
+                ctx.route = LlmRoute::Responses.label();
+                crate::http::responses::serve(state, session, ctx).await?;
+            }
+            Route::Llm(r) => {
+                ctx.route = r.label();
+                crate::http::serve_llm(state, session, ctx, r).await?;
+            }
+            Route::Models => {
+                ctx.route = "models";
+                crate::http::models::serve(state, session, ctx).await?;
+            }
+            Route::MethodNotAllowed(allow) => {
+                let mut e = ApiError::invalid_request(format!("method {} is not allowed here", req.method));
+                e.status = 405;
+                ctx.status = 405;
+                send_error(session, &e, &[("allow", allow.to_owned())]).await?;
+            }
+            Route::NotFound => {
+                let e = ApiError::not_found(format!("no route for {} {}", req.method, req.uri.path()))
+                    .with_code("unknown_url");
+                ctx.status = 404;
+                send_error(session, &e, &[]).await?;
+            }
+        }
+        Ok(true)
+    }
+
+    async fn upstream_peer(&self, _session: &mut Session, _ctx: &mut RequestCtx) -> Result<Box<HttpPeer>> {
+        // Every route is answered in request_filter; reaching here is a bug.
+        Error::e_explain(ErrorType::InternalError, "no upstream phase in warmpath")
+    }
+
+    async fn logging(&self, session: &mut Session, e: Option<&Error>, ctx: &mut RequestCtx) {
+        crate::limits::request_done(session);
+        let m = &self.state.metrics;
+        finish_recording(m, ctx);
+        let status = match (ctx.status, e) {
+            (0, Some(_)) => 500,
+            (0, None) => session.response_written().map(|r| r.status.as_u16()).unwrap_or(0),
+            (s, _) => s,
+        };
+        let backend = ctx.backend.as_deref().unwrap_or("none");
+        m.requests.with_label_values(&[ctx.route, backend, &status.to_string()]).inc();
+        let elapsed = ctx.start.elapsed();
+        m.request_duration.with_label_values(&[ctx.route]).observe(elapsed.as_secs_f64());
+        if let Some(t) = ctx.first_byte {
+            m.ttft.with_label_values(&[ctx.route]).observe(t.duration_since(ctx.start).as_secs_f64());
+        }
+        let req = session.req_header();
+        tracing::info!(
+            target: "warmpath::access",
+            method = %req.method,
+            path = req.uri.path(),
+            status,
+            backend,
+            ms = elapsed.as_secs_f64() * 1e3,
+            client_gone = ctx.client_gone,
+            truncated = ctx.truncated,
+            error = e.map(|e| e.to_string()),
+        );
+    }
+}

@@ -1,0 +1,165 @@
+//! Forwarding a prepared request: pick a backend, attempt it (`attempt`), relay its answer to
+//! the client chunk by chunk (`relay`) — or, where tools were deferred, answer the model's
+//! searches and call it again (`deferred`) — and on a failure before anything reached the
+//! client, try another backend.
+
+use std::time::Instant;
+
+use http::header;
+use pingora::http::ResponseHeader;
+use pingora::protocols::http::client::HttpSession;
+
+use super::attempt::{self, Attempt, Reached, Retries};
+use super::downstream::Downstream;
+use super::headers::{is_sse, response_header, WarmpathHeaders};
+use super::relay::{end_stream_with_error, pump, PrefillWatch, Pumped, ResponseId, Tail};
+use super::Outgoing;
+use crate::request::LlmRoute;
+use crate::route::{key, RouteKey, Selected};
+use crate::state::RequestCtx;
+
+/// Forwards `out` to a backend of its pool under `key`, retrying elsewhere on a failure before
+/// the first byte; the answer (or the error) goes to `down`.
+pub(super) async fn forward(
+    out: &Outgoing<'_>,
+    down: &mut dyn Downstream,
+    ctx: &mut RequestCtx,
+    key: &RouteKey,
+) -> pingora::Result<()> {
+    let (state, pool) = (out.state, &*out.pool.route);
+    let mut retries = Retries::new(state, pool);
+    loop {
+        let sel = match retries.next(key) {
+            Ok(Some(sel)) => sel,
+            Ok(None) => break,
+            Err(why) => {
+                let (e, reason) = attempt::no_backend(why, &pool.name);
+                return super::reject(state, down, ctx, &e, reason).await;
+            }
+        };
+        let backend = sel.backend().clone();
+        ctx.backend = Some(backend.name.clone());
+        let mut route_hdr = format!("{}; reason={}", pool.policy.name(), sel.reason);
+        if !sel.detail.is_empty() {
+            route_hdr.push_str("; ");
+            route_hdr.push_str(&sel.detail);
+        }
+        if retries.attempt > 1 {
+            route_hdr.push_str(&format!("; attempt={}", retries.attempt));
+        }
+        let shown = WarmpathHeaders { route: &route_hdr, prefix: out.prefix, cache: out.cache };
+        let (up, header) = match attempt::reach(state, down, &backend, out.template, &out.body).await? {
+            Reached::Header(up, header) => (up, header),
+            Reached::ClientGone => {
+                state.metrics.client_disconnects.inc();
+                ctx.status = 499;
+                return Ok(());
+            }
+            Reached::Failed(f) => {
+                retries.failed(&backend, f);
+                continue;
+            }
+        };
+        let answered = match (out.search, header.status.as_u16()) {
+            (Some(plan), 200) => {
+                super::deferred::serve(out, &sel, plan, down, ctx, up, header, shown).await?
+            }
+            _ => relay_answer(out, &sel, down, ctx, up, header, shown).await?,
+        };
+        match answered {
+            Attempt::Done => return Ok(()),
+            Attempt::Failed(f) => retries.failed(&backend, f),
+        }
+    }
+    let shown = WarmpathHeaders { route: "exhausted", prefix: out.prefix, cache: out.cache };
+    attempt::exhausted(state, down, ctx, retries.last.take(), shown, &pool.name).await
+}
+
+/// Relays the backend's answer (its header `up_header` is in, status below 500) to the client
+/// chunk by chunk, recording it for the response cache, releasing the request's queued
+/// prefill at the first event with output, and ending a broken stream with an error event.
+async fn relay_answer(
+    out: &Outgoing<'_>,
+    sel: &Selected,
+    down: &mut dyn Downstream,
+    ctx: &mut RequestCtx,
+    mut up: HttpSession,
+    up_header: ResponseHeader,
+    shown: WarmpathHeaders<'_>,
+) -> pingora::Result<Attempt> {
+    let (state, pool, route) = (out.state, &*out.pool.route, out.route);
+    let backend = sel.backend();
+    let status = up_header.status.as_u16();
+    if let Some((_, rec)) = &mut ctx.recording {
+        rec.header(status, up_header.headers.get(header::CONTENT_TYPE));
+    }
+    let mut resp = response_header(&up_header, &backend.name, shown)?;
+    match up_header.headers.get(header::CONTENT_LENGTH) {
+        Some(len) => resp.insert_header(header::CONTENT_LENGTH, len.clone())?,
+        None => resp.insert_header(header::TRANSFER_ENCODING, "chunked")?,
+    }
+    let sse = is_sse(&up_header);
+    ctx.status = status;
+    if down.write_response_header(Box::new(resp), false).await.is_err() {
+        state.metrics.client_disconnects.inc();
+        return Ok(Attempt::Done);
+    }
+    let mut tail = Tail::default();
+    // A Responses answer's id: a request chaining on it (`previous_response_id`) is routed here.
+    let mut response_id = (route == LlmRoute::Responses && status == 200).then(ResponseId::default);
+    let mut rec = ctx.recording.as_mut().map(|(_, r)| r);
+    let mut observe = |b: &[u8]| {
+        if let Some(r) = rec.as_deref_mut() {
+            r.push(b);
+        }
+        if let Some(id) = &mut response_id {
+            id.push(b);
+        }
+    };
+    let mut watch = PrefillWatch::new(sse);
+    let prefill = (&sel.prefill, &mut watch);
+    let pumped = pump(&mut up, down, &mut ctx.first_byte, prefill, &mut tail, &mut observe).await;
+    if let Some(id) = response_id.as_mut().and_then(ResponseId::take) {
+        pool.policy.bind(key::response_session(&id), sel.index);
+    }
+    match pumped {
+        Pumped::Complete if sse && route.ends_with_done() && status == 200 && !tail.saw_done() => {
+            // Complete at the HTTP level but not as a stream: the client could not tell it
+            // from a truncated answer, so it gets the error event a cut stream gets.
+            attempt::note_failure(state, pool, backend, "stream_cut");
+            tracing::warn!(backend = %backend.name, "backend ended an SSE stream without data: [DONE]");
+            let _ = end_stream_with_error(down, route, &tail, "the backend ended the stream without [DONE]")
+                .await;
+        }
+        Pumped::Complete => {
+            backend.record_success(&state.cfg.health, Instant::now());
+            if up.response_done() {
+                state.upstream.release(up, &backend.peer).await;
+            }
+            if down.write_response_body(None, true).await.is_err() {
+                state.metrics.client_disconnects.inc();
+                ctx.client_gone = true;
+            } else if let Some((_, rec)) = &mut ctx.recording {
+                rec.complete();
+            }
+        }
+        Pumped::ClientGone => {
+            // Dropping `up` closes the backend connection, which cancels the generation.
+            state.metrics.client_disconnects.inc();
+            ctx.client_gone = true;
+        }
+        Pumped::UpstreamCut(kind) => {
+            attempt::note_failure(state, pool, backend, "stream_cut");
+            tracing::warn!(backend = %backend.name, failure = kind.label(), "backend stream broke after the first byte");
+            if sse {
+                let msg = format!("the backend's stream broke off ({})", kind.label());
+                let _ = end_stream_with_error(down, route, &tail, &msg).await;
+            } else {
+                // A body with a length cannot be ended honestly: close the connection.
+                down.close_after();
+                ctx.truncated = true;
+            }
+        }
+    }
+    Ok(Attempt::Done)
+}

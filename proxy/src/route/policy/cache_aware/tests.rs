@@ -1,0 +1,270 @@
+//! The decisions `cache_aware` makes on small fleets, each for its stated reason.
+
+use super::super::testing::up;
+use super::super::State;
+use super::*;
+
+fn policy(n: usize) -> CacheAware {
+    let names: Vec<String> = (0..n).map(|i| format!("b{i}")).collect();
+    let refs: Vec<&str> = names.iter().map(String::as_str).collect();
+    let index = Arc::new(PrefixIndex::new(n, 100_000, None));
+    CacheAware::new(&refs, index, &CacheAwareConfig::default())
+}
+
+fn chain(root: u64, n: usize) -> Vec<u64> {
+    (0..n as u64).map(|i| xxhash_rust::xxh3::xxh3_64(&[root, i].map(u64::to_le_bytes).concat())).collect()
+}
+
+/// A prompt whose blocks are `shared` (common to many prompts) then its own.
+fn prompt(shared: &[u64], own: u64, own_blocks: usize) -> RouteKey {
+    let mut blocks = shared.to_vec();
+    blocks.extend(chain(own, own_blocks));
+    RouteKey { tokens: blocks.len() * 16, per_block: 16, blocks, ..RouteKey::default() }
+}
+
+/// Routes like the pool does: select, then tell the policy; `pending` tracks the prefill
+/// work each backend still has (cleared by `drain`).
+fn route(p: &CacheAware, key: &RouteKey, c: &mut [Candidate]) -> Decision {
+    let d = p.select(key, c).expect("a backend");
+    p.routed(key, &d);
+    c[d.index].pending_tokens += d.prefill_tokens;
+    c[d.index].inflight += 1;
+    d
+}
+
+fn drain(c: &mut [Candidate]) {
+    for x in c {
+        x.pending_tokens = 0;
+        x.inflight = 0;
+    }
+}
+
+#[test]
+fn a_held_prefix_goes_back_to_its_holder() {
+    let p = policy(4);
+    let mut c = up(4);
+    let k = prompt(&[], 1, 40);
+    let first = route(&p, &k, &mut c);
+    assert_eq!(first.reason, "new_prefix");
+    drain(&mut c);
+    for _ in 0..5 {
+        let d = route(&p, &k, &mut c);
+        assert_eq!((d.index, d.reason, d.prefill_tokens), (first.index, "cache", 0));
+        drain(&mut c);
+    }
+    // The conversation grows: the next turn extends the prompt and still goes home.
+    let mut longer = k.clone();
+    longer.blocks.extend(chain(99, 5));
+    longer.tokens += 80;
+    let d = route(&p, &longer, &mut c);
+    assert_eq!((d.index, d.prefill_tokens), (first.index, 80));
+    assert!(d.detail.starts_with("cached=640/720"), "{}", d.detail);
+}
+
+#[test]
+fn miss_weight_keeps_a_prompt_on_its_holder_longer() {
+    let names = ["b0", "b1"];
+    let with = |w: f64| {
+        let index = Arc::new(PrefixIndex::new(2, 100_000, None));
+        let cfg = CacheAwareConfig { miss_weight: w, tie_tokens: 0, ..CacheAwareConfig::default() };
+        CacheAware::new(&names, index, &cfg)
+    };
+    let k = prompt(&[], 3, 64); // 1,024 tokens
+    for (w, home) in [(1.0, false), (2.0, true)] {
+        let p = with(w);
+        p.index.insert(0, &k.blocks);
+        // The holder has 1,500 prompt tokens queued: more than recomputing the prompt on the
+        // idle one (1,024), less than twice that.
+        let mut c = up(2);
+        c[0].pending_tokens = 1500;
+        let d = p.select(&k, &c).expect("pick");
+        assert_eq!(d.index == 0, home, "miss_weight {w}: {} {}", d.reason, d.detail);
+    }
+}
+
+#[test]
+fn a_prefix_many_prompts_share_is_copied_sooner_than_one_conversation() {
+    let p = policy(2); // miss_weight 8
+    let history = chain(1, 64); // one conversation's 1,024 tokens, held by b0
+    let system = chain(2, 64); // a 1,024-token system prompt, held by b0
+    p.index.insert(0, &history);
+    p.index.insert(0, &system);
+    // b0 has 4,096 prompt tokens queued: more than recomputing 1,024 elsewhere, less than
+    // miss_weight times that.
+    let mut c = up(2);
+    c[0].pending_tokens = 4096;
+    // The conversation's next turn stays with its history.
+    let turn = prompt(&history, 10, 2);
+    let d = p.select(&turn, &c).expect("pick");
+    assert_eq!((d.index, d.reason), (0, "cache"), "{}", d.detail);
+    assert!(d.detail.ends_with("shared=0"), "{}", d.detail);
+    // Twenty new conversations have just started behind the system prompt (on b0).
+    let mut idle = up(2);
+    for i in 0..20 {
+        let d = p.select(&prompt(&system, 100 + i, 2), &idle).expect("pick");
+        p.routed(&prompt(&system, 100 + i, 2), &d);
+        idle[0].pending_tokens = 0;
+    }
+    // The next one goes where prefilling the system prompt again is quicker than the queue.
+    let d = p.select(&prompt(&system, 999, 2), &c).expect("pick");
+    assert_eq!((d.index, d.reason), (1, "load_uncached"), "{}", d.detail);
+    assert!(d.detail.ends_with("shared=20"), "{}", d.detail);
+}
+
+#[test]
+fn a_new_conversation_behind_a_short_held_prefix_starts_where_the_load_is() {
+    let p = policy(2); // miss_weight 8
+    let system = chain(3, 32); // a 512-token system prompt, held by b0
+    p.index.insert(0, &system);
+    let mut c = up(2);
+    c[0].pending_tokens = 1500;
+    // A new conversation of 2,048 tokens: three quarters of it are its own, and wherever it
+    // starts its next turns follow. Prefilling the system prompt again on the idle backend
+    // beats waiting behind 1,500 tokens.
+    let new = prompt(&system, 20, 96);
+    let d = p.select(&new, &c).expect("pick");
+    assert_eq!((d.index, d.reason), (1, "load_uncached"), "{}", d.detail);
+    // A conversation whose history is most of its prompt stays with it behind the same queue.
+    let history = chain(4, 120);
+    p.index.insert(0, &history);
+    let d = p.select(&prompt(&history, 21, 8), &c).expect("pick");
+    assert_eq!((d.index, d.reason), (0, "cache"), "{}", d.detail);
+}
+
+#[test]
+fn new_prefixes_spread_deterministically() {
+    let p = policy(4);
+    let mut counts = [0; 4];
+    for i in 0..400 {
+        let c = up(4);
+        let d = p.select(&prompt(&[], 1000 + i, 8), &c).expect("pick");
+        assert_eq!(d.reason, "new_prefix");
+        counts[d.index] += 1;
+        // The same prompt, asked again before any routing, picks the same backend.
+        assert_eq!(p.select(&prompt(&[], 1000 + i, 8), &c).expect("pick").index, d.index);
+    }
+    assert!(counts.iter().all(|&n| (70..130).contains(&n)), "{counts:?}");
+}
+
+#[test]
+fn new_prefixes_even_out_the_prefill_work() {
+    // 400 new conversations of 1 to 120 blocks, one at a time (no queues to tell backends
+    // apart): where they start, their prefill work goes.
+    let p = policy(4);
+    let mut c = up(4);
+    let mut work = [0u64; 4];
+    let mut rng = 0x2545_f491_4f6c_dd1du64;
+    for i in 0..400 {
+        rng ^= rng << 13;
+        rng ^= rng >> 7;
+        rng ^= rng << 17;
+        let d = route(&p, &prompt(&[], 9000 + i, 1 + (rng % 120) as usize), &mut c);
+        assert_eq!(d.reason, "new_prefix");
+        work[d.index] += d.prefill_tokens;
+        drain(&mut c);
+    }
+    let mean = work.iter().sum::<u64>() as f64 / 4.0;
+    let max = *work.iter().max().expect("4") as f64;
+    assert!(max / mean < 1.02, "prefill work per backend {work:?}");
+}
+
+#[test]
+fn prompts_past_a_prefix_every_backend_holds_spread_by_what_follows_it() {
+    let p = policy(4);
+    let shared = chain(8, 64); // one system prompt, held everywhere
+    for b in 0..4 {
+        p.index.insert(b, &shared);
+    }
+    let c = up(4);
+    let mut counts = [0; 4];
+    for i in 0..400 {
+        let k = prompt(&shared, 5000 + i, 8);
+        let d = p.select(&k, &c).expect("pick");
+        assert_eq!(d.reason, "cache");
+        counts[d.index] += 1;
+        assert_eq!(p.select(&k, &c).expect("pick").index, d.index, "the same prompt, the same pick");
+    }
+    assert!(counts.iter().all(|&n| (70..130).contains(&n)), "{counts:?}");
+}
+
+#[test]
+fn a_hot_shared_prefix_spreads_over_as_many_replicas_as_the_load_needs() {
+    let p = policy(4);
+    let shared = chain(7, 200); // a 3,200-token system prompt
+    let suffix = 16; // and 256 tokens of each request's own
+                     // Light load: one request at a time; all stay on the prefix's holder.
+    let mut c = up(4);
+    let mut light = [0; 4];
+    for i in 0..50 {
+        light[route(&p, &prompt(&shared, i, suffix), &mut c).index] += 1;
+        drain(&mut c);
+    }
+    assert_eq!(light.iter().filter(|&&n| n > 0).count(), 1, "{light:?}");
+    // Heavy load: 200 requests in flight at once; their prefill work spills over once the
+    // holder's queue outweighs prefilling the prefix elsewhere (× miss_weight). The holder
+    // takes more requests (each costs it only the suffix), the others take the prefix once
+    // each: the prefill work, what delays first tokens, stays even.
+    let mut heavy = [0; 4];
+    let mut work = [0u64; 4];
+    for i in 0..200 {
+        let d = route(&p, &prompt(&shared, 100 + i, suffix), &mut c);
+        heavy[d.index] += 1;
+        work[d.index] += d.prefill_tokens;
+    }
+    assert!(heavy.iter().all(|&n| n > 0), "every replica serves the hot prefix: {heavy:?}");
+    let mean = work.iter().sum::<u64>() as f64 / 4.0;
+    assert!(work.iter().all(|&w| (w as f64) < 1.3 * mean), "prefill work {work:?} for requests {heavy:?}");
+    // Now every replica holds the prefix: a burst spreads without recomputing it.
+    drain(&mut c);
+    let d = route(&p, &prompt(&shared, 999, suffix), &mut c);
+    assert_eq!(d.prefill_tokens, 256);
+}
+
+#[test]
+fn sessions_stick_until_overloaded_or_down() {
+    let p = policy(3);
+    let mut c = up(3);
+    let mut k = prompt(&[], 5, 10);
+    k.session = Some("conv".into());
+    let home = route(&p, &k, &mut c).index;
+    drain(&mut c);
+    // A different prompt in the same session still goes home.
+    let mut other = prompt(&[], 6, 10);
+    other.session = Some("conv".into());
+    let d = route(&p, &other, &mut c);
+    assert_eq!((d.index, d.reason), (home, "affinity"));
+    drain(&mut c);
+    // Overloaded home: the conversation moves, and stays at its new place.
+    c[home].inflight = 10;
+    let d = p.select(&other, &c).expect("pick");
+    assert_ne!(d.index, home);
+    assert_eq!(d.reason, "affinity_moved");
+    p.routed(&other, &d);
+    c[home].inflight = 0;
+    assert_eq!(p.select(&other, &c).expect("pick").index, d.index);
+    // Down: moves too.
+    c[d.index].state = State::Down;
+    let again = p.select(&other, &c).expect("pick");
+    assert_ne!(again.index, d.index);
+}
+
+#[test]
+fn routing_records_the_prompt_before_its_events_come() {
+    let p = policy(2);
+    p.set_precise(0, true);
+    p.set_precise(1, true);
+    let mut c = up(2);
+    let k = prompt(&[], 3, 10);
+    let d = route(&p, &k, &mut c);
+    assert_eq!(p.index().len(), 10);
+    assert_eq!(p.select(&k, &c).expect("pick").index, d.index);
+}
+
+#[test]
+fn nothing_up_is_none() {
+    let p = policy(2);
+    let mut c = up(2);
+    c[0].state = State::Down;
+    c[1].state = State::Full;
+    assert!(p.select(&prompt(&[], 1, 4), &c).is_none());
+}

@@ -1,0 +1,46 @@
+//! One request's context (pingora's `CTX`): what the `logging` phase reports once the request
+//! is over, filled in by the stages as it goes.
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use super::Pool;
+use crate::cache::Recording;
+
+#[derive(Debug)]
+pub struct RequestCtx {
+    pub start: Instant,
+    /// The `route` label: an LLM route, `models`, or `other`.
+    pub route: &'static str,
+    pub backend: Option<String>,
+    /// The status the client got; 499 when it left first.
+    pub status: u16,
+    pub first_byte: Option<Instant>,
+    pub client_gone: bool,
+    /// A body with a length was cut short (the connection was closed).
+    pub truncated: bool,
+    /// The answer being copied aside for the pool's response cache (kept, or not, when the
+    /// request is over).
+    pub recording: Option<(Arc<Pool>, Recording)>,
+}
+
+impl RequestCtx {
+    pub fn new() -> RequestCtx {
+        RequestCtx {
+            start: Instant::now(),
+            route: "other",
+            backend: None,
+            status: 0,
+            first_byte: None,
+            client_gone: false,
+            truncated: false,
+            recording: None,
+        }
+    }
+}
+
+impl Default for RequestCtx {
+    fn default() -> Self {
+        RequestCtx::new()
+    }
+}

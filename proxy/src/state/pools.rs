@@ -1,0 +1,61 @@
+//! The pools: each `[[pools]]` entry with every stage's part of it (its canonicalizer, its
+//! response cache, its routing state), and which pool serves which model.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use crate::cache::ResponseCache;
+use crate::canon::Canon;
+use crate::config::ResponsesMode;
+use crate::route;
+
+/// One pool, as the stages of a request see it.
+#[derive(Debug)]
+pub struct Pool {
+    pub name: String,
+    /// Backends, policy, retry budget.
+    pub route: Arc<route::Pool>,
+    /// How its requests are canonicalized and cut into prefix blocks.
+    pub canon: Canon,
+    /// `[pools.response_cache]`, where enabled.
+    pub response_cache: Option<ResponseCache>,
+    /// `responses`: translated by warmpath, or the backends' own.
+    pub responses: ResponsesMode,
+    /// `responses_tokens`: translated turns as token-id completions where the pool can.
+    pub responses_tokens: bool,
+}
+
+/// Every pool, and which pool serves which model.
+#[derive(Debug, Default)]
+pub struct Pools {
+    list: Vec<Arc<Pool>>,
+    by_model: HashMap<String, usize>,
+    wildcard: Option<usize>,
+}
+
+impl Pools {
+    /// `pools` with the models each serves (`"*"`: every model no other pool names).
+    pub fn new(pools: Vec<(Pool, Vec<String>)>) -> Pools {
+        let mut out = Pools::default();
+        for (i, (pool, models)) in pools.into_iter().enumerate() {
+            for m in models {
+                if m == "*" {
+                    out.wildcard = Some(i);
+                } else {
+                    out.by_model.insert(m, i);
+                }
+            }
+            out.list.push(Arc::new(pool));
+        }
+        out
+    }
+
+    /// The pool that serves `model`.
+    pub fn for_model(&self, model: &str) -> Option<&Arc<Pool>> {
+        self.by_model.get(model).or(self.wildcard.as_ref()).map(|&i| &self.list[i])
+    }
+
+    pub fn iter(&self) -> impl Iterator<Item = &Arc<Pool>> {
+        self.list.iter()
+    }
+}
