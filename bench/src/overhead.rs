@@ -39,6 +39,10 @@ pub struct Args {
     /// Where the markdown report goes (default bench/results/overhead-DATE.md).
     #[arg(long)]
     out: Option<std::path::PathBuf>,
+    /// Another warmpath binary (a build of the code before a change) run beside this build's,
+    /// in both configurations: the before/after ratio comes from the same run.
+    #[arg(long)]
+    baseline: Option<std::path::PathBuf>,
 }
 
 #[derive(Debug, Clone, Copy, Default)]
@@ -97,6 +101,13 @@ pub async fn run(a: Args) -> anyhow::Result<()> {
         // Everything on: canonicalization, block hashing with the engine's tokenizer, deferral.
         targets::warmpath(&[up], &[], FULL, a.proxy_threads, "")?,
     ];
+    if let Some(bin) = &a.baseline {
+        for spec in ["round_robin", FULL] {
+            let mut t = targets::warmpath_binary(bin, &[up], &[], spec, a.proxy_threads, "")?;
+            t.name = format!("baseline {spec}");
+            list.push(t);
+        }
+    }
     // A second warmpath whose requests go to a path it answers itself: its floor.
     let mut floor = targets::warmpath(&[up], &[], "round_robin", a.proxy_threads, "")?;
     floor.name = "floor: warmpath answers 404 itself".into();
@@ -193,6 +204,13 @@ pub async fn run(a: Args) -> anyhow::Result<()> {
             let _ = writeln!(md, "- warmpath {FULL} CPU / warmpath round_robin CPU: {:.2}×", full / plain);
             if let Some(rb) = rust_best {
                 let _ = writeln!(md, "- warmpath {FULL} CPU / best Rust router CPU: **{:.2}×**", full / rb);
+            }
+        }
+        for spec in ["round_robin", FULL] {
+            if let (Some(now), Some(before)) =
+                (exact(&format!("warmpath {spec}")), exact(&format!("baseline {spec}")))
+            {
+                let _ = writeln!(md, "- warmpath {spec} CPU / baseline {spec} CPU: **{:.2}×**", now / before);
             }
         }
         if let Some(wp) = exact("warmpath round_robin") {

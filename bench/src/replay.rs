@@ -115,7 +115,7 @@ async fn connect(addr: SocketAddr) -> anyhow::Result<Sender> {
 /// Scans SSE bytes for the first chunk with generated text and the usage's completion tokens.
 #[derive(Debug, Default)]
 struct SseScan {
-    buf: Vec<u8>,
+    events: warmpath_wire::sse::Splitter,
     first_text: bool,
     completion_tokens: Option<usize>,
     prompt_tokens: Option<usize>,
@@ -126,29 +126,24 @@ struct SseScan {
 impl SseScan {
     /// Feeds bytes; true when this feed completed the first event that carries text.
     fn feed(&mut self, bytes: &[u8]) -> bool {
-        self.buf.extend_from_slice(bytes);
         let mut became_first = false;
-        while let Some(end) = self.buf.windows(2).position(|w| w == b"\n\n") {
-            let event: Vec<u8> = self.buf.drain(..end + 2).collect();
-            for line in event.split(|&b| b == b'\n') {
-                let Some(data) = line.strip_prefix(b"data: ") else { continue };
-                let Ok(v) = serde_json::from_slice::<serde_json::Value>(data) else { continue };
-                let choice = &v["choices"][0];
-                let text = choice["delta"]["content"].as_str().or_else(|| choice["text"].as_str());
-                if text.is_some_and(|t| !t.is_empty()) {
-                    self.chunks_with_text += 1;
-                    if !self.first_text {
-                        self.first_text = true;
-                        became_first = true;
-                    }
+        for data in self.events.feed(bytes) {
+            let Ok(v) = serde_json::from_str::<serde_json::Value>(&data) else { continue };
+            let choice = &v["choices"][0];
+            let text = choice["delta"]["content"].as_str().or_else(|| choice["text"].as_str());
+            if text.is_some_and(|t| !t.is_empty()) {
+                self.chunks_with_text += 1;
+                if !self.first_text {
+                    self.first_text = true;
+                    became_first = true;
                 }
-                let usage = &v["usage"];
-                if let Some(n) = usage["completion_tokens"].as_u64() {
-                    self.completion_tokens = Some(n as usize);
-                    self.prompt_tokens = usage["prompt_tokens"].as_u64().map(|n| n as usize);
-                    self.cached_tokens =
-                        usage["prompt_tokens_details"]["cached_tokens"].as_u64().map(|n| n as usize);
-                }
+            }
+            let usage = &v["usage"];
+            if let Some(n) = usage["completion_tokens"].as_u64() {
+                self.completion_tokens = Some(n as usize);
+                self.prompt_tokens = usage["prompt_tokens"].as_u64().map(|n| n as usize);
+                self.cached_tokens =
+                    usage["prompt_tokens_details"]["cached_tokens"].as_u64().map(|n| n as usize);
             }
         }
         became_first

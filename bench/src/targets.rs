@@ -130,6 +130,18 @@ pub fn warmpath(
     threads: usize,
     extra: &str,
 ) -> anyhow::Result<Target> {
+    warmpath_binary(&sibling("warmpath")?, backends, kv_events, spec, threads, extra)
+}
+
+/// [`warmpath`] from the binary `bin` (another build, for a before/after comparison).
+pub fn warmpath_binary(
+    bin: &Path,
+    backends: &[SocketAddr],
+    kv_events: &[String],
+    spec: &str,
+    threads: usize,
+    extra: &str,
+) -> anyhow::Result<Target> {
     // `POLICY[+feature...][@key=value...]`: the keys go into the policy's own table.
     let mut keys = spec.split('@');
     let mut parts = keys.next().unwrap_or("").split('+');
@@ -142,7 +154,6 @@ pub fn warmpath(
     if !policy_table.is_empty() {
         features.push_str(&format!("[pools.{policy}]\n{policy_table}"));
     }
-    let bin = sibling("warmpath")?;
     let (addr, admin) = (free_addr()?, free_addr()?);
     let dir = work_dir(&format!("warmpath-{policy}-{}", addr.port()))?;
     let file = dir.join("policy.toml");

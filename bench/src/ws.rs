@@ -43,7 +43,7 @@ impl WsClient {
 
     pub async fn send_text(&mut self, text: &str) -> anyhow::Result<()> {
         self.mask = self.mask.rotate_left(7) ^ 0x9e37_79b9;
-        let out = warmpath::ws::frame::masked(true, 0x1, text.as_bytes(), self.mask.to_be_bytes());
+        let out = warmpath_wire::websocket::masked(true, 0x1, text.as_bytes(), self.mask.to_be_bytes());
         self.stream.write_all(&out).await?;
         self.written += out.len();
         Ok(())

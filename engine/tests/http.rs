@@ -8,6 +8,7 @@ use std::time::Duration;
 use common::*;
 use http_body_util::BodyExt;
 use serde_json::{json, Value};
+use warmpath_tests::metric;
 
 #[tokio::test]
 async fn chat_streaming_is_framed_like_openai() {

@@ -2,10 +2,8 @@
 //! timestamp line meet the engine's prefix cache through warmpath with `[pools.canon]` on, and
 //! miss it when warmpath passes them through as sent — side by side, on equal engines.
 
-mod common;
-
-use common::*;
 use serde_json::{json, Value};
+use warmpath_tests::*;
 
 const CANON_ON: &str = "policy = \"round_robin\"\n[pools.canon]\nenabled = true\ntokenizer = \"wp32k\"";
 const PASSTHROUGH: &str = "policy = \"round_robin\"";

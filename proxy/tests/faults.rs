@@ -2,15 +2,13 @@
 //! against dead ports: retries before the first byte, error events after it, ejection and
 //! re-admission, cancellation on client disconnect, timeouts, caps.
 
-mod common;
-
 use std::io::{Read, Write};
 use std::net::TcpStream;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use common::*;
 use serde_json::json;
+use warmpath_tests::*;
 
 fn stream_body(model: &str, max_tokens: u32) -> serde_json::Value {
     let mut b = chat(model, "tell me a story", max_tokens);
@@ -51,7 +49,9 @@ fn when_every_attempt_fails_the_client_gets_the_backend_error() {
     let proxy = Proxy::start(&p);
     let r = post_json(proxy.addr, "/v1/chat/completions", &chat("m", "hi", 2));
     assert_eq!(r.status, 500, "the backend's own 5xx, not a made-up one: {}", r.text());
-    assert!(r.json()["error"]["message"].is_string());
+    // Its own body too: the engine's message, not one warmpath writes (those say `upstream`).
+    assert_eq!(r.json()["error"]["message"], "fault injection: request failed", "{}", r.text());
+    assert_eq!(r.header("x-warmpath-route"), Some("exhausted"));
 }
 
 #[test]

@@ -1,10 +1,8 @@
 //! The proxy's HTTP surface against real engines and a scripted upstream: routes, byte-for-byte
 //! fidelity, SSE relay, usage, merged models, and the error shapes warmpath answers itself.
 
-mod common;
-
-use common::*;
 use serde_json::json;
+use warmpath_tests::*;
 
 #[test]
 fn bodies_pass_through_byte_identical_both_ways() {

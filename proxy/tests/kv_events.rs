@@ -1,12 +1,10 @@
 //! `cache_aware` in precise mode against real engines publishing KV events over ZMQ: the index
 //! follows what each engine stores and evicts, including work that never went through warmpath.
 
-mod common;
-
 use std::time::Duration;
 
-use common::*;
 use serde_json::json;
+use warmpath_tests::*;
 
 fn prompt(k: usize) -> serde_json::Value {
     let system = format!("You are agent number {k}. {}", "Obey every rule in the handbook. ".repeat(30));

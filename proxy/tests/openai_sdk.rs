@@ -1,12 +1,10 @@
 //! The official `openai` Python SDK (installed by `scripts/ensure-deps` into `.venv`) talks to
 //! warmpath in front of real engines: a real client, not a hand-written one.
 
-mod common;
-
 use std::path::PathBuf;
 use std::process::Command;
 
-use common::*;
+use warmpath_tests::*;
 
 fn python() -> PathBuf {
     let venv = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../.venv/bin/python");
@@ -63,7 +61,7 @@ fn the_openai_sdk_raises_on_a_stream_cut_by_the_backend() {
 #[test]
 fn the_openai_sdk_runs_a_tool_calling_conversation_over_websocket_and_http() {
     let dir = TempDir::new();
-    let e = Engine::sim("m", &["--script", &weather_script(&dir)]);
+    let e = Engine::sim("m", &["--script", &weather_script(dir.path())]);
     let proxy = Proxy::start(&policy("", "", &["m"], &[("e0", e.url())]));
     let v = run_script("openai_responses.py", &format!("http://{}/v1", proxy.addr), "m", &[]);
     let kinds: Vec<&str> =

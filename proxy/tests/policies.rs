@@ -1,14 +1,12 @@
 //! Each routing policy's distribution over real engines, and the policy files: every file in
 //! `policies/` is valid, and `warmpath check-config` reports bad ones with file:line:col.
 
-mod common;
-
 use std::collections::HashMap;
 use std::process::Command;
 use std::time::Duration;
 
-use common::*;
 use serde_json::json;
+use warmpath_tests::*;
 
 fn engines(n: usize) -> Vec<Engine> {
     (0..n).map(|_| Engine::sim("m", &[])).collect()

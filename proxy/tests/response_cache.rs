@@ -2,10 +2,8 @@
 //! backend (whole and streamed), everything else passed through, per-caller scoping,
 //! `Cache-Control`, and nothing kept from a failed or cut answer.
 
-mod common;
-
-use common::*;
 use serde_json::json;
+use warmpath_tests::*;
 
 const CACHE: &str = "[pools.response_cache]\nenabled = true\nttl_s = 60";
 

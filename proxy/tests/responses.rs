@@ -2,10 +2,8 @@
 //! chained by `previous_response_id` from warmpath's conversation store, function calls as
 //! output items, the streaming event sequence, and the errors a client can cause.
 
-mod common;
-
-use common::*;
 use serde_json::{json, Value};
+use warmpath_tests::*;
 
 fn post_with_key(proxy: &Proxy, key: &str, body: &Value) -> Resp {
     let auth = format!("Bearer {key}");
@@ -22,7 +20,7 @@ fn post_with_key(proxy: &Proxy, key: &str, body: &Value) -> Resp {
 #[test]
 fn a_tool_calling_conversation_continues_from_the_store() {
     let dir = TempDir::new();
-    let e = Engine::sim("m", &["--script", &weather_script(&dir)]);
+    let e = Engine::sim("m", &["--script", &weather_script(dir.path())]);
     let proxy = Proxy::start(&policy("", "", &["m"], &[("e0", e.url())]));
     let first = json!({"model": "m", "instructions": "You are a weather agent.",
                        "input": "What will the weather be in Oslo tomorrow?", "tools": weather_tools(), "max_output_tokens": 64});
@@ -202,7 +200,7 @@ fn redis_policy(redis: &RedisServer) -> String {
 #[test]
 fn a_conversation_continues_on_another_replica_through_redis() {
     let dir = TempDir::new();
-    let e = Engine::sim("m", &["--script", &weather_script(&dir)]);
+    let e = Engine::sim("m", &["--script", &weather_script(dir.path())]);
     let redis = RedisServer::start();
     let a = Proxy::start(&policy(&redis_policy(&redis), "", &["m"], &[("e0", e.url())]));
     let b = Proxy::start(&policy(&redis_policy(&redis), "", &["m"], &[("e0", e.url())]));

@@ -4,10 +4,8 @@
 //! definitions and calls the engine again within the same client request, streaming or not;
 //! the client sees only the real tool call and the answer.
 
-mod common;
-
-use common::*;
 use serde_json::{json, Value};
+use warmpath_tests::*;
 
 const DEFER: &str = "policy = \"round_robin\"\n[pools.canon]\nenabled = true\ntokenizer = \"wp32k\"\n\
                      [pools.tools]\ndefer = true\nthreshold = 16\ncore = [\"read_file\"]";

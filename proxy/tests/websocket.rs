@@ -2,12 +2,10 @@
 //! framing, the errors that keep the connection open and the violations that close it (with
 //! the code that says why), limits, and the memory idle connections hold.
 
-mod common;
-
 use std::time::Duration;
 
-use common::*;
 use serde_json::{json, Value};
+use warmpath_tests::*;
 
 fn kinds(events: &[Value]) -> Vec<&str> {
     events.iter().filter_map(|e| e["type"].as_str()).collect()
@@ -20,7 +18,7 @@ fn terminal(events: &[Value]) -> &Value {
 #[test]
 fn a_tool_calling_conversation_over_one_connection_sends_only_new_items() {
     let dir = TempDir::new();
-    let e = Engine::sim("m", &["--script", &weather_script(&dir)]);
+    let e = Engine::sim("m", &["--script", &weather_script(dir.path())]);
     let proxy = Proxy::start(&policy("", "", &["m"], &[("e0", e.url())]));
     let mut ws = Ws::connect(proxy.addr, &[("authorization", "Bearer k1")]);
 

@@ -12,6 +12,7 @@
 //! - [`kv_events`]: vLLM-compatible KV cache events and their msgpack wire format.
 //! - [`tool_calls`]: Hermes `<tool_call>` blocks in generated text, whole or streaming.
 //! - [`sse`]: server-sent events split out of a byte stream.
+//! - [`websocket`]: RFC 6455 frames (Responses WebSocket mode: the proxy, its tests, the bench).
 
 pub mod chat_template;
 pub mod kv_events;
@@ -20,3 +21,4 @@ pub mod prefix;
 pub mod sse;
 pub mod tokenizer;
 pub mod tool_calls;
+pub mod websocket;

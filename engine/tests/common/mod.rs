@@ -91,14 +91,6 @@ pub fn sse_data(body: &str) -> Vec<String> {
         .collect()
 }
 
-/// The value of a metric line (exact name with labels, up to the space).
-pub fn metric(text: &str, name_prefix: &str) -> Option<f64> {
-    text.lines()
-        .find(|l| l.starts_with(name_prefix))
-        .and_then(|l| l.rsplit(' ').next())
-        .and_then(|v| v.parse().ok())
-}
-
 /// Polls `f` until it returns true or `timeout` passes.
 pub async fn eventually<F, Fut>(timeout: Duration, mut f: F) -> bool
 where

@@ -71,14 +71,7 @@ impl Rounds<'_> {
         };
         self.search_items.append(&mut answer.shown);
         self.body = Bytes::from(self.plan.follow_up(&self.body, &answer.messages));
-        let m = &self.state.metrics;
-        let pool = self.pool.name.as_str();
-        m.tool_search_duration.with_label_values(&[pool]).observe(t.elapsed().as_secs_f64());
-        m.tool_searches
-            .with_label_values(&[pool, "found"])
-            .inc_by((calls.len() - answer.empty_searches) as u64);
-        m.tool_searches.with_label_values(&[pool, "empty"]).inc_by(answer.empty_searches as u64);
-        m.tools_loaded.with_label_values(&[pool]).inc_by(answer.loaded as u64);
+        answer.record(&self.state.metrics, &self.pool.name, t.elapsed());
         self.done += 1;
         Ok(match attempt::open(self.state, down, self.backend, self.template, &self.body).await? {
             Reached::Header(up, header) => Ok(Some((up, header))),

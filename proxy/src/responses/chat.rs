@@ -24,7 +24,7 @@ pub(super) struct ToolView<'a> {
 }
 
 /// Items as chat messages (JSON texts), function calls joined to the assistant message before
-/// them as [`ResponsesRequest::to_chat`] does.
+/// them as [`super::request::ResponsesRequest::to_chat`] does.
 pub fn messages_of<'a>(items: impl IntoIterator<Item = &'a Value>) -> Result<Vec<String>, ApiError> {
     let mut messages = Vec::new();
     for item in items {

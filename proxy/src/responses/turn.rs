@@ -232,13 +232,7 @@ async fn token_turn(
         }
         let t = std::time::Instant::now();
         let answer = plan.answer(Some(text.as_str()).filter(|t| !t.is_empty()), &calls);
-        let m = &state.metrics;
-        m.tool_search_duration.with_label_values(&[&pool.name]).observe(t.elapsed().as_secs_f64());
-        m.tool_searches
-            .with_label_values(&[&pool.name, "found"])
-            .inc_by((calls.len() - answer.empty_searches) as u64);
-        m.tool_searches.with_label_values(&[&pool.name, "empty"]).inc_by(answer.empty_searches as u64);
-        m.tools_loaded.with_label_values(&[&pool.name]).inc_by(answer.loaded as u64);
+        answer.record(&state.metrics, &pool.name, t.elapsed());
         match pool.canon.message_ids(&answer.messages) {
             Ok(more) => ids.extend(more),
             Err(e) => {

@@ -1,5 +1,5 @@
 //! Active health checks: every `interval_ms`, `GET {path}` on each backend; thresholds of
-//! consecutive results mark it down or up (see [`Backend::record_probe`]). The same loop keeps
+//! consecutive results mark it down or up (see [`super::Backend::record_probe`]). The same loop keeps
 //! the `warmpath_backend_up` gauges true as ejections run out.
 
 use std::sync::Arc;

@@ -9,8 +9,6 @@
 //! with it) instead of growing a buffer. Bad events get an `error` event and the connection
 //! stays open; broken framing closes it with the code that says why (`frame::code`).
 
-pub mod frame;
-
 use std::collections::VecDeque;
 use std::sync::Arc;
 use std::time::Duration;
@@ -33,7 +31,7 @@ use crate::responses::request::{raw_fields, raw_str, ResponsesRequest};
 use crate::responses::{EventSink, ProxyHeaders, Turn};
 use crate::session::{tenant, Conversation};
 use crate::state::{AppState, RequestCtx};
-use frame::{code, Message, Reader};
+use warmpath_wire::websocket::{self as frame, code, Message, Reader};
 
 /// RFC 6455 §1.3.
 const ACCEPT_GUID: &str = "258EAFA5-E914-47DA-95CA-C5AB0DC85B11";

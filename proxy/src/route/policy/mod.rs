@@ -1,6 +1,6 @@
 //! Routing policies: given the request's routing key and a snapshot of the pool, pick one
 //! backend and say why. Selection only — reserving the slot, connecting and retrying belong to
-//! the caller ([`super::Pool::select`] and the HTTP path).
+//! the caller ([`super::Pool::select`] and the pipeline's attempts, `pipeline::attempt`).
 
 mod cache_aware;
 mod least_load;

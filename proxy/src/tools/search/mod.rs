@@ -1,5 +1,5 @@
 //! Answering `tool_search` within one client request: finding the model's search calls in a
-//! response — whole ([`whole`]), or event by event in a stream ([`stream`]), where they are cut
+//! response — whole (`whole`), or event by event in a stream (`stream`), where they are cut
 //! out of what the client sees — answering them from the deferred set, and writing the next
 //! request: the previous body with the model's search turn and the results appended at the end.
 //!
@@ -10,6 +10,7 @@ mod stream;
 mod whole;
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use serde::Deserialize;
 use serde_json::{json, Value};
@@ -18,6 +19,7 @@ pub use stream::{closing, StreamRound};
 pub use whole::{add_usage, final_value, search_calls, search_items, strip_searches};
 
 use super::{result_text, Api, DeferredSet, SEARCH_TOOL};
+use crate::observe::Metrics;
 use crate::request::json;
 
 /// What a request needs to answer its searches.
@@ -54,9 +56,23 @@ struct Args {
 pub struct Answer {
     pub messages: Vec<String>,
     pub loaded: usize,
+    /// Searches answered, and of those, the ones that found nothing.
+    pub searches: usize,
     pub empty_searches: usize,
     /// Responses native form: the `tool_search_call` and `tool_search_output` items to show.
     pub shown: Vec<Value>,
+}
+
+impl Answer {
+    /// Counts the round into `pool`'s metrics; `took` is the time it took to answer.
+    pub fn record(&self, m: &Metrics, pool: &str, took: Duration) {
+        m.tool_search_duration.with_label_values(&[pool]).observe(took.as_secs_f64());
+        m.tool_searches
+            .with_label_values(&[pool, "found"])
+            .inc_by((self.searches - self.empty_searches) as u64);
+        m.tool_searches.with_label_values(&[pool, "empty"]).inc_by(self.empty_searches as u64);
+        m.tools_loaded.with_label_values(&[pool]).inc_by(self.loaded as u64);
+    }
 }
 
 impl SearchPlan {
@@ -108,7 +124,7 @@ impl SearchPlan {
                 );
             }
         }
-        Answer { messages, loaded, empty_searches: empty, shown }
+        Answer { messages, loaded, searches: calls.len(), empty_searches: empty, shown }
     }
 
     /// The next request: `body` with `messages` appended to its `messages` list; the plan's

@@ -1,0 +1,112 @@
+//! One request in the engine: its tokens, its place in the KV cache, how it samples, and what a
+//! scheduler step reports of it.
+
+use std::time::{Duration, Instant};
+
+use warmpath_wire::openai::FinishReason;
+use warmpath_wire::prefix::BlockHash;
+
+use crate::block_pool::BlockId;
+use crate::sampler::Sampler;
+
+/// What a request asks of generation.
+#[derive(Debug, Clone)]
+pub struct SamplingParams {
+    pub max_tokens: usize,
+    pub temperature: f32,
+    pub top_p: f32,
+    pub seed: Option<u64>,
+    /// Tokens that end generation (EOS and end-of-turn unless `ignore_eos`).
+    pub stop_token_ids: Vec<u32>,
+    /// Test hook (`--script`): the output tokens, in order, whatever the model computes; the
+    /// model still runs every step. Empty: sample.
+    pub forced: Vec<u32>,
+}
+
+/// One request in the engine.
+#[derive(Debug)]
+pub struct Sequence {
+    pub id: u64,
+    pub(super) tokens: Vec<u32>,
+    pub(super) num_prompt: usize,
+    pub(super) num_computed: usize,
+    pub(super) block_table: Vec<BlockId>,
+    pub(super) hashes: Vec<BlockHash>,
+    pub(super) num_cached_blocks: usize,
+    pub(super) cache_salt: Option<String>,
+    pub(super) params: SamplingParams,
+    pub(super) sampler: Sampler,
+    pub(super) num_scheduled: usize,
+    /// Prompt tokens served from the prefix cache at first admission.
+    pub(super) cached_tokens: Option<usize>,
+    pub(super) arrival: Instant,
+    pub(super) first_scheduled: Option<Instant>,
+    pub(super) first_token: Option<Instant>,
+    pub(super) last_token: Option<Instant>,
+}
+
+impl Sequence {
+    pub fn new(id: u64, prompt: Vec<u32>, params: SamplingParams, cache_salt: Option<String>) -> Sequence {
+        let sampler = Sampler::new(params.temperature, params.top_p, params.seed);
+        Sequence {
+            id,
+            num_prompt: prompt.len(),
+            tokens: prompt,
+            num_computed: 0,
+            block_table: Vec::new(),
+            hashes: Vec::new(),
+            num_cached_blocks: 0,
+            cache_salt,
+            params,
+            sampler,
+            num_scheduled: 0,
+            cached_tokens: None,
+            arrival: Instant::now(),
+            first_scheduled: None,
+            first_token: None,
+            last_token: None,
+        }
+    }
+
+    pub(super) fn num_output(&self) -> usize {
+        self.tokens.len() - self.num_prompt
+    }
+}
+
+/// What a step produced for one sequence.
+#[derive(Debug, Clone, PartialEq)]
+pub struct SeqOutput {
+    pub id: u64,
+    /// The token sampled this step, if any.
+    pub token: Option<u32>,
+    pub finish: Option<FinishReason>,
+    pub cached_tokens: usize,
+    /// Set with the first token: arrival → first token.
+    pub ttft: Option<Duration>,
+    /// Set with later tokens: time since the previous token.
+    pub itl: Option<Duration>,
+    /// Set when finished.
+    pub timings: Option<FinishTimings>,
+}
+
+/// Phase durations of a finished request (vLLM's request histograms).
+#[derive(Debug, Clone, PartialEq)]
+pub struct FinishTimings {
+    pub queue: Duration,
+    pub prefill: Duration,
+    pub decode: Duration,
+    pub e2e: Duration,
+    pub generation_tokens: usize,
+}
+
+/// Counters accumulated since the last [`Scheduler::take_stats`].
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct StepStats {
+    pub prefix_queries: u64,
+    pub prefix_hits: u64,
+    pub preemptions: u64,
+    pub prompt_tokens: u64,
+    pub generation_tokens: u64,
+    pub steps: u64,
+    pub batched_tokens: u64,
+}

@@ -1,0 +1,19 @@
+//! warmpath's end-to-end test harness, shared by the proxy's and the engine's integration
+//! suites (`use warmpath_tests::*;`): real `warmpath-engine`, `warmpath` and `redis-server`
+//! processes on 127.0.0.1 ([`process`]), a small blocking HTTP/1.1 client that shows exactly
+//! what went over the wire ([`client`]), a WebSocket client ([`ws`]), a scripted upstream for
+//! byte-level checks ([`scripted`]), Prometheus text ([`metrics`]) and fixtures ([`fixtures`]).
+
+pub mod client;
+pub mod fixtures;
+pub mod metrics;
+pub mod process;
+pub mod scripted;
+pub mod ws;
+
+pub use client::*;
+pub use fixtures::*;
+pub use metrics::*;
+pub use process::*;
+pub use scripted::*;
+pub use ws::*;
