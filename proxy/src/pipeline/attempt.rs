@@ -62,20 +62,28 @@ pub(super) enum Reached {
     Failed(Failure),
 }
 
+/// How sending a request ended, short of an error.
+enum Sent {
+    /// The response header is in.
+    Header,
+    /// The client left first.
+    ClientGone,
+}
+
 /// Sends the request and waits for the response header, watching the client meanwhile.
 async fn send(
     up: &mut HttpSession,
     req: RequestHeader,
     body: &Bytes,
     down: &mut dyn Downstream,
-) -> pingora::Result<Option<()>> {
+) -> pingora::Result<Sent> {
     up.write_request_header(Box::new(req)).await?;
     up.write_request_body(body.clone(), true).await?;
     up.finish_request_body().await?;
     tokio::select! {
         biased;
-        r = up.read_response_header() => r.map(Some),
-        _ = down.gone() => Ok(None),
+        r = up.read_response_header() => r.map(|()| Sent::Header),
+        _ = down.gone() => Ok(Sent::ClientGone),
     }
 }
 
@@ -98,13 +106,13 @@ pub(super) async fn open(
         };
         let req = template.build(&peer.url.base_path, &peer.authority, body.len())?;
         match send(&mut up, req, body, down).await {
-            Ok(Some(())) => {
+            Ok(Sent::Header) => {
                 let Some(header) = up.response_header().cloned() else {
                     return Ok(Reached::Failed(Failure::Io(FailKind::Io)));
                 };
                 return Ok(Reached::Header(up, header));
             }
-            Ok(None) => return Ok(Reached::ClientGone),
+            Ok(Sent::ClientGone) => return Ok(Reached::ClientGone),
             Err(e) if reused && may_redial && FailKind::of(&e) == FailKind::Io => {
                 may_redial = false;
                 tracing::debug!(backend = %backend.name, error = %e, "stale pooled connection; redialling");

@@ -94,16 +94,14 @@ async fn read_whole(up: &mut HttpSession) -> Result<Bytes, FailKind> {
 }
 
 /// Serves the rest of a request whose tools were deferred (`plan`), sent to `sel`, whose first
-/// response header (`header`, status 200) is in.
-#[allow(clippy::too_many_arguments)]
+/// response header (status 200) is in.
 pub(super) async fn serve(
     out: &Outgoing<'_>,
     sel: &Selected,
     plan: &SearchPlan,
     down: &mut dyn Downstream,
     ctx: &mut RequestCtx,
-    up: HttpSession,
-    header: ResponseHeader,
+    (up, header): (HttpSession, ResponseHeader),
     shown: WarmpathHeaders<'_>,
 ) -> pingora::Result<Attempt> {
     let mut r = Rounds {

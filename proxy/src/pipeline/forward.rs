@@ -62,9 +62,9 @@ pub(super) async fn forward(
         };
         let answered = match (out.search, header.status.as_u16()) {
             (Some(plan), 200) => {
-                super::deferred::serve(out, &sel, plan, down, ctx, up, header, shown).await?
+                super::deferred::serve(out, &sel, plan, down, ctx, (up, header), shown).await?
             }
-            _ => relay_answer(out, &sel, down, ctx, up, header, shown).await?,
+            _ => relay_answer(out, &sel, down, ctx, (up, header), shown).await?,
         };
         match answered {
             Attempt::Done => return Ok(()),
@@ -83,8 +83,7 @@ async fn relay_answer(
     sel: &Selected,
     down: &mut dyn Downstream,
     ctx: &mut RequestCtx,
-    mut up: HttpSession,
-    up_header: ResponseHeader,
+    (mut up, up_header): (HttpSession, ResponseHeader),
     shown: WarmpathHeaders<'_>,
 ) -> pingora::Result<Attempt> {
     let (state, pool, route) = (out.state, &*out.pool.route, out.route);
