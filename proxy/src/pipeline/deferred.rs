@@ -44,7 +44,7 @@ struct Rounds<'a> {
     body: Bytes,
     /// Rounds answered so far.
     done: usize,
-    /// Responses native form: the search items the client is shown.
+    /// Responses native form: the search items the client is headers.
     search_items: Vec<Value>,
 }
 
@@ -69,7 +69,7 @@ impl Rounds<'_> {
             SearchTurn::Chat(content) => self.plan.answer(content.as_deref(), calls),
             SearchTurn::Items(items) => self.plan.answer_items(items, calls),
         };
-        self.search_items.append(&mut answer.shown);
+        self.search_items.append(&mut answer.search_items);
         self.body = Bytes::from(self.plan.follow_up(&self.body, &answer.messages));
         answer.record(&self.state.metrics, &self.pool.name, t.elapsed());
         self.done += 1;
@@ -102,7 +102,7 @@ pub(super) async fn serve(
     down: &mut dyn Downstream,
     ctx: &mut RequestCtx,
     (up, header): (HttpSession, ResponseHeader),
-    shown: WarmpathHeaders<'_>,
+    headers: WarmpathHeaders<'_>,
 ) -> pingora::Result<Attempt> {
     let mut r = Rounds {
         state: out.state,
@@ -116,9 +116,9 @@ pub(super) async fn serve(
         search_items: Vec::new(),
     };
     if is_sse(&header) {
-        stream(r, down, ctx, out.route, up, header, shown).await
+        stream(r, down, ctx, out.route, up, header, headers).await
     } else {
-        whole(&mut r, down, ctx, up, header, shown).await
+        whole(&mut r, down, ctx, up, header, headers).await
     }
 }
 
@@ -128,7 +128,7 @@ async fn whole(
     ctx: &mut RequestCtx,
     mut up: HttpSession,
     mut header: ResponseHeader,
-    shown: WarmpathHeaders<'_>,
+    headers: WarmpathHeaders<'_>,
 ) -> pingora::Result<Attempt> {
     let mut earlier: Option<Value> = None;
     loop {
@@ -182,7 +182,7 @@ async fn whole(
             _ => bytes.to_vec(),
         };
         r.backend.record_success(&r.state.cfg.health, Instant::now());
-        let mut resp = response_header(&header, &r.backend.name, shown)?;
+        let mut resp = response_header(&header, &r.backend.name, headers)?;
         resp.insert_header(header::CONTENT_LENGTH, out.len().to_string())?;
         ctx.status = resp.status.as_u16();
         if let Some((_, rec)) = &mut ctx.recording {
@@ -226,9 +226,9 @@ async fn stream(
     route: LlmRoute,
     mut up: HttpSession,
     header: ResponseHeader,
-    shown: WarmpathHeaders<'_>,
+    headers: WarmpathHeaders<'_>,
 ) -> pingora::Result<Attempt> {
-    let mut resp = response_header(&header, &r.backend.name, shown)?;
+    let mut resp = response_header(&header, &r.backend.name, headers)?;
     resp.insert_header(header::TRANSFER_ENCODING, "chunked")?;
     ctx.status = header.status.as_u16();
     if down.write_response_header(Box::new(resp), false).await.is_err() {

@@ -47,7 +47,7 @@ pub(super) async fn forward(
         if retries.attempt > 1 {
             route_hdr.push_str(&format!("; attempt={}", retries.attempt));
         }
-        let shown = WarmpathHeaders { route: &route_hdr, prefix: out.prefix, cache: out.cache };
+        let headers = WarmpathHeaders { route: &route_hdr, prefix: out.prefix, cache: out.cache };
         let (up, header) = match attempt::reach(state, down, &backend, out.template, &out.body).await? {
             Reached::Header(up, header) => (up, header),
             Reached::ClientGone => {
@@ -62,17 +62,17 @@ pub(super) async fn forward(
         };
         let answered = match (out.search, header.status.as_u16()) {
             (Some(plan), 200) => {
-                super::deferred::serve(out, &sel, plan, down, ctx, (up, header), shown).await?
+                super::deferred::serve(out, &sel, plan, down, ctx, (up, header), headers).await?
             }
-            _ => relay_answer(out, &sel, down, ctx, (up, header), shown).await?,
+            _ => relay_answer(out, &sel, down, ctx, (up, header), headers).await?,
         };
         match answered {
             Attempt::Done => return Ok(()),
             Attempt::Failed(f) => retries.failed(&backend, f),
         }
     }
-    let shown = WarmpathHeaders { route: "exhausted", prefix: out.prefix, cache: out.cache };
-    attempt::exhausted(state, down, ctx, retries.last.take(), shown, &pool.name).await
+    let headers = WarmpathHeaders { route: "exhausted", prefix: out.prefix, cache: out.cache };
+    attempt::exhausted(state, down, ctx, retries.last.take(), headers, &pool.name).await
 }
 
 /// Relays the backend's answer (its header `up_header` is in, status below 500) to the client
@@ -84,7 +84,7 @@ async fn relay_answer(
     down: &mut dyn Downstream,
     ctx: &mut RequestCtx,
     (mut up, up_header): (HttpSession, ResponseHeader),
-    shown: WarmpathHeaders<'_>,
+    headers: WarmpathHeaders<'_>,
 ) -> pingora::Result<Attempt> {
     let (state, pool, route) = (out.state, &*out.pool.route, out.route);
     let backend = sel.backend();
@@ -92,7 +92,7 @@ async fn relay_answer(
     if let Some((_, rec)) = &mut ctx.recording {
         rec.header(status, up_header.headers.get(header::CONTENT_TYPE));
     }
-    let mut resp = response_header(&up_header, &backend.name, shown)?;
+    let mut resp = response_header(&up_header, &backend.name, headers)?;
     match up_header.headers.get(header::CONTENT_LENGTH) {
         Some(len) => resp.insert_header(header::CONTENT_LENGTH, len.clone())?,
         None => resp.insert_header(header::TRANSFER_ENCODING, "chunked")?,

@@ -28,18 +28,18 @@ fn skip_response_header(name: &HeaderName) -> bool {
 pub(super) fn response_header(
     up: &ResponseHeader,
     backend: &str,
-    shown: WarmpathHeaders<'_>,
+    headers: WarmpathHeaders<'_>,
 ) -> pingora::Result<ResponseHeader> {
     let mut resp = ResponseHeader::build(up.status, Some(up.headers.len() + 4))?;
     for (n, v) in up.headers.iter().filter(|(n, _)| !skip_response_header(n)) {
         resp.append_header(n.clone(), v.clone())?;
     }
     resp.insert_header("x-warmpath-backend", backend)?;
-    resp.insert_header("x-warmpath-route", shown.route)?;
-    if let Some(p) = shown.prefix {
+    resp.insert_header("x-warmpath-route", headers.route)?;
+    if let Some(p) = headers.prefix {
         resp.insert_header("x-warmpath-prefix-hash", p)?;
     }
-    if let Some(c) = shown.cache {
+    if let Some(c) = headers.cache {
         resp.insert_header("x-warmpath-cache", c)?;
     }
     Ok(resp)

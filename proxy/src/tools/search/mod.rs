@@ -60,7 +60,7 @@ pub struct Answer {
     pub searches: usize,
     pub empty_searches: usize,
     /// Responses native form: the `tool_search_call` and `tool_search_output` items to show.
-    pub shown: Vec<Value>,
+    pub search_items: Vec<Value>,
 }
 
 impl Answer {
@@ -97,7 +97,7 @@ impl SearchPlan {
 
     fn results(&self, mut messages: Vec<String>, calls: &[SearchCall]) -> Answer {
         let (mut loaded, mut empty) = (0, 0);
-        let mut shown = Vec::new();
+        let mut search_items = Vec::new();
         for c in calls {
             let args: Args = serde_json::from_str(&c.arguments)
                 .unwrap_or_else(|_| Args { query: c.arguments.clone(), limit: None });
@@ -115,16 +115,16 @@ impl SearchPlan {
             if self.native {
                 let defs: Vec<Value> =
                     found.iter().filter_map(|t| serde_json::from_str(&t.json).ok()).collect();
-                shown
+                search_items
                     .push(json!({"type": "tool_search_call", "id": format!("tsc_{}", c.id), "call_id": c.id,
                     "status": "completed", "arguments": {"query": args.query, "limit": limit}}));
-                shown.push(
+                search_items.push(
                     json!({"type": "tool_search_output", "id": format!("tso_{}", c.id), "call_id": c.id,
                     "status": "completed", "tools": defs}),
                 );
             }
         }
-        Answer { messages, loaded, searches: calls.len(), empty_searches: empty, shown }
+        Answer { messages, loaded, searches: calls.len(), empty_searches: empty, search_items }
     }
 
     /// The next request: `body` with `messages` appended to its `messages` list; the plan's

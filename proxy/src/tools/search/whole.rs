@@ -103,10 +103,10 @@ pub fn add_usage(total: &mut Option<Value>, more: Option<&Value>) {
 
 /// The last round's response with every round's usage and, first in its `output`, the items
 /// the searches show (Responses native form).
-pub fn final_value(resp: &mut Value, earlier: Option<Value>, shown: Vec<Value>) {
-    if !shown.is_empty() {
+pub fn final_value(resp: &mut Value, earlier: Option<Value>, search_items: Vec<Value>) {
+    if !search_items.is_empty() {
         if let Some(out) = resp.get_mut("output").and_then(Value::as_array_mut) {
-            out.splice(0..0, shown);
+            out.splice(0..0, search_items);
         }
     }
     if earlier.is_some() {
