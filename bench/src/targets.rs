@@ -229,11 +229,18 @@ pub fn rust_router(which: &str, backends: &[SocketAddr], policy: &str) -> anyhow
     Ok(t)
 }
 
-/// Waits until `t` answers `body` with 200.
-pub async fn wait_ready(t: &Target, body: &bytes::Bytes) -> anyhow::Result<()> {
+/// Waits until `t` answers `body` with 200. Its process must still be running: one that exited
+/// (a port another process took meanwhile) would leave `t.addr` to whatever answers there.
+pub async fn wait_ready(t: &mut Target, body: &bytes::Bytes) -> anyhow::Result<()> {
     let deadline = Instant::now() + Duration::from_secs(90);
     loop {
         let r = crate::load::run(t.addr, "/v1/chat/completions", body.clone(), 1, 1).await;
+        if let Some(status) = t.child.as_mut().and_then(|c| c.try_wait().ok().flatten()) {
+            anyhow::bail!(
+                "{} exited ({status}) before it was ready (see bench/.peers/run/*/log.txt)",
+                t.name
+            );
+        }
         if r.errors == 0 && r.latencies.len() == 1 {
             return Ok(());
         }

@@ -418,8 +418,9 @@ pub async fn run(mut a: Args) -> anyhow::Result<()> {
             let i = (k + round) % slots.len();
             n += 1;
             let slot = &slots[i];
-            let target = start_target(&slot.spec, &fleet.addrs(), &fleet.kv_events, a.proxy_threads, &extra)?;
-            targets::wait_ready(&target, &ready_body).await?;
+            let mut target =
+                start_target(&slot.spec, &fleet.addrs(), &fleet.kv_events, a.proxy_threads, &extra)?;
+            targets::wait_ready(&mut target, &ready_body).await?;
             // Let routers finish their start-up probes, then start every engine cold.
             tokio::time::sleep(Duration::from_millis(500)).await;
             fleet.reset().await?;
