@@ -19,6 +19,7 @@ mod launch;
 mod math;
 pub mod metrics;
 pub mod model;
+pub mod quant;
 pub mod sampler;
 pub mod scheduler;
 pub mod script;

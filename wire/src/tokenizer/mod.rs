@@ -6,6 +6,8 @@
 //! bytes come first, so any byte string still encodes. 32,000 ids match the llama2.c model
 //! shapes the engine uses, so a token id is always a valid row of the embedding table.
 
+mod byte_level;
+mod gguf;
 mod hf;
 
 use std::collections::HashMap;
@@ -65,6 +67,8 @@ struct Inner {
     vocab_size: usize,
     /// Unicode NFC before splitting (the file's normalizer).
     nfc: bool,
+    /// Every digit is its own piece before the pattern splits the rest (SmolLM).
+    digits: bool,
     /// The pre-tokenizer always splits after a newline followed by a non-space (see [`chunks`]).
     splits_lines: bool,
 }
@@ -95,6 +99,12 @@ impl Tokenizer {
         hf::load(name, json)
     }
 
+    /// The tokenizer a GGUF model file carries in its metadata (`tokenizer.ggml.*`); see the
+    /// `gguf` module for what is accepted.
+    pub fn from_gguf(name: &str, file: &crate::gguf::Gguf) -> Result<Tokenizer, TokenizerError> {
+        gguf::load(name, file)
+    }
+
     fn build() -> Result<Tokenizer, TokenizerError> {
         let full = tiktoken_rs::cl100k_base().map_err(|e| TokenizerError::Build(e.to_string()))?;
         let mut encoder = std::collections::HashMap::default();
@@ -117,6 +127,7 @@ impl Tokenizer {
             ids: None,
             vocab_size: VOCAB_SIZE,
             pattern: CL100K_PATTERN,
+            digits: false,
             nfc: false,
             splits_lines: true,
         }
@@ -162,9 +173,9 @@ impl Tokenizer {
         let i = &self.inner;
         let mut ranks = if i.nfc && !text.is_ascii() {
             use unicode_normalization::UnicodeNormalization;
-            i.bpe.encode_ordinary(&text.nfc().collect::<String>())
+            self.encode_pieces(&text.nfc().collect::<String>())
         } else {
-            i.bpe.encode_ordinary(text)
+            self.encode_pieces(text)
         };
         if let Some(ids) = &i.ids {
             for r in &mut ranks {
@@ -172,6 +183,29 @@ impl Tokenizer {
             }
         }
         ranks
+    }
+
+    /// Ranks of `text`: each digit alone first where the pre-tokenizer cuts them out, the pieces
+    /// between split by the pattern.
+    fn encode_pieces(&self, text: &str) -> Vec<Rank> {
+        let bpe = &self.inner.bpe;
+        if !self.inner.digits {
+            return bpe.encode_ordinary(text);
+        }
+        let mut out = Vec::new();
+        let mut from = 0;
+        for (at, c) in text.char_indices().filter(|(_, c)| c.is_numeric()) {
+            if from < at {
+                out.extend(bpe.encode_ordinary(&text[from..at]));
+            }
+            let end = at + c.len_utf8();
+            out.extend(bpe.encode_ordinary(&text[at..end]));
+            from = end;
+        }
+        if from < text.len() {
+            out.extend(bpe.encode_ordinary(&text[from..]));
+        }
+        out
     }
 
     /// Encodes text in which special-token strings are the special tokens (rendered
@@ -249,6 +283,7 @@ struct Parts<'a> {
     ids: Option<Vec<u32>>,
     vocab_size: usize,
     pattern: &'a str,
+    digits: bool,
     nfc: bool,
     splits_lines: bool,
 }
@@ -288,6 +323,7 @@ impl Parts<'_> {
                 ranks,
                 vocab_size: self.vocab_size,
                 nfc: self.nfc,
+                digits: self.digits,
                 splits_lines: self.splits_lines,
             }),
         })

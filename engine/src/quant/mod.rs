@@ -1,0 +1,136 @@
+//! Weights in their quantized form, and the matrix product over them, as the best CPU engines
+//! compute it: the activations are quantized per block to 8 bits (Q8_0, Q8_1 or Q8_K, whichever
+//! the weight type pairs with, exactly as ggml does), and each output is a sum over blocks of
+//! integer dot products times the two blocks' scales. Nothing is dequantized to f32 at load.
+//!
+//! `formats` holds the block layouts (and the f32 reference each kernel is tested against),
+//! `dot` the per-block dot products: portable ones for every type, AVX2 ones for the hot types
+//! picked at run time (`x86`).
+
+mod dot;
+pub mod formats;
+#[cfg(target_arch = "x86_64")]
+mod x86;
+
+use std::ops::Range;
+use std::sync::Arc;
+
+use warmpath_wire::gguf::{GgmlType, Gguf};
+
+pub use formats::{dequantize_row, quantize_row};
+
+/// Where a matrix's bytes are: its own, or a range of a mapped model file.
+#[derive(Clone)]
+pub enum Storage {
+    Owned(Arc<[u8]>),
+    Mapped(Arc<Gguf>, Range<usize>),
+}
+
+impl Storage {
+    pub fn bytes(&self) -> &[u8] {
+        match self {
+            Storage::Owned(b) => b,
+            Storage::Mapped(f, r) => &f.data()[r.clone()],
+        }
+    }
+}
+
+/// A weight matrix `[rows × cols]`, each row whole blocks of `ty`.
+#[derive(Clone)]
+pub struct QuantMatrix {
+    pub ty: GgmlType,
+    pub rows: usize,
+    pub cols: usize,
+    data: Storage,
+    row_bytes: usize,
+}
+
+impl std::fmt::Debug for QuantMatrix {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "QuantMatrix({:?}, {}×{})", self.ty, self.rows, self.cols)
+    }
+}
+
+impl QuantMatrix {
+    pub fn new(ty: GgmlType, rows: usize, cols: usize, data: Storage) -> Result<QuantMatrix, String> {
+        if !formats::supported(ty) {
+            return Err(format!("weight type {ty:?} is not supported"));
+        }
+        if cols % ty.block_elements() != 0 {
+            return Err(format!("rows of {cols} are not whole {ty:?} blocks"));
+        }
+        let row_bytes = cols / ty.block_elements() * ty.block_bytes();
+        if data.bytes().len() != rows * row_bytes {
+            return Err(format!(
+                "{rows}×{cols} {ty:?} needs {} bytes, not {}",
+                rows * row_bytes,
+                data.bytes().len()
+            ));
+        }
+        Ok(QuantMatrix { ty, rows, cols, data, row_bytes })
+    }
+
+    /// `w` (`[rows × cols]` f32, row-major) quantized to `ty`.
+    pub fn quantize(ty: GgmlType, rows: usize, cols: usize, w: &[f32]) -> QuantMatrix {
+        let bytes: Vec<u8> = w.chunks_exact(cols).flat_map(|r| quantize_row(ty, r)).collect();
+        QuantMatrix::new(ty, rows, cols, Storage::Owned(bytes.into())).expect("quantized whole rows")
+    }
+
+    pub fn row(&self, r: usize) -> &[u8] {
+        &self.data.bytes()[r * self.row_bytes..(r + 1) * self.row_bytes]
+    }
+
+    /// Row `r` as f32 (an embedding lookup).
+    pub fn dequantize_row(&self, r: usize, out: &mut [f32]) {
+        dequantize_row(self.ty, self.row(r), &mut out[..self.cols]);
+    }
+
+    /// Bytes of the weights.
+    pub fn bytes(&self) -> usize {
+        self.rows * self.row_bytes
+    }
+}
+
+/// Activations `[t × cols]` in the form the weight type's dot product takes.
+pub struct Acts {
+    kind: dot::ActKind,
+    cols: usize,
+    /// Quants (8-bit kinds), `t × cols`.
+    qs: Vec<i8>,
+    /// Per block: its scale.
+    d: Vec<f32>,
+    /// Per block: Q8_1, scale × Σ quants; Q8_K, per 16: Σ quants.
+    sums: Vec<f32>,
+    /// f32 kind: the values.
+    f: Vec<f32>,
+}
+
+impl Acts {
+    /// `x` (`t` rows of `cols`) quantized for weights of type `ty`.
+    pub fn new(ty: GgmlType, x: &[f32], t: usize, cols: usize) -> Acts {
+        dot::quantize_acts(dot::ActKind::of(ty), &x[..t * cols], cols)
+    }
+}
+
+/// `out[t × w.rows] = x[t × w.cols] · wᵀ`.
+pub fn matmul(out: &mut [f32], x: &[f32], t: usize, w: &QuantMatrix) {
+    let acts = Acts::new(w.ty, x, t, w.cols);
+    matmul_acts(out, &acts, t, w);
+}
+
+/// [`matmul`] with the activations already quantized (several matrices reading one input).
+pub fn matmul_acts(out: &mut [f32], acts: &Acts, t: usize, w: &QuantMatrix) {
+    assert!(out.len() >= t * w.rows, "matmul: output too small");
+    assert_eq!(acts.cols, w.cols, "matmul: activations of another width");
+    assert_eq!(acts.kind, dot::ActKind::of(w.ty), "matmul: activations quantized for another type");
+    let dot = dot::kernel(w.ty);
+    for r in 0..w.rows {
+        let row = w.row(r);
+        for i in 0..t {
+            out[i * w.rows + r] = dot(row, acts, i);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests;

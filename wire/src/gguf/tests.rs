@@ -1,0 +1,74 @@
+//! The reader against files the writer made, against damaged ones, and (where it is installed)
+//! against the SmolLM2 file the quick start serves.
+
+use super::*;
+
+fn sample() -> Writer {
+    let mut w = Writer::new();
+    w.meta("general.architecture", Value::String("llama".into()))
+        .meta("llama.block_count", Value::U32(2))
+        .meta("llama.rope.freq_base", Value::F32(10_000.0))
+        .meta(
+            "tokenizer.ggml.tokens",
+            Value::Array(vec![Value::String("a".into()), Value::String("b".into())]),
+        )
+        .meta("flag", Value::Bool(true))
+        .f32_tensor("norm", &[4], &[1.0, 2.0, 3.0, 4.0])
+        .tensor("q", &[32, 2], GgmlType::Q8_0, vec![7; 2 * 34]);
+    w
+}
+
+#[test]
+fn what_the_writer_writes_the_reader_reads() {
+    let g = Gguf::from_vec(sample().finish()).expect("reads");
+    assert_eq!(g.version, 3);
+    assert_eq!(g.architecture().expect("arch"), "llama");
+    assert_eq!(g.u64("llama.block_count").expect("u32"), 2);
+    assert_eq!(g.f32("llama.rope.freq_base").expect("f32"), 10_000.0);
+    assert_eq!(g.array("tokenizer.ggml.tokens").expect("array").len(), 2);
+    assert_eq!(g.get("flag").and_then(Value::as_bool), Some(true));
+    let (info, data) = g.tensor("norm").expect("tensor");
+    assert_eq!((info.dims.as_slice(), info.ty), (&[4u64][..], GgmlType::F32));
+    assert_eq!(&data[..8], &[0, 0, 128, 63, 0, 0, 0, 64]);
+    let (info, data) = g.tensor("q").expect("tensor");
+    assert_eq!((info.bytes(), data.len(), data[67]), (68, 68, 7));
+    assert_eq!(info.offset % 32, 0, "tensor data is aligned");
+}
+
+#[test]
+fn damaged_files_say_what_is_wrong() {
+    let good = sample().finish();
+    let err = |b: Vec<u8>| Gguf::from_vec(b).expect_err("refused").to_string();
+    assert!(err(b"GGML\x03\0\0\0".to_vec()).contains("not a GGUF file"));
+    let mut v9 = good.clone();
+    v9[4] = 9;
+    assert!(err(v9).contains("version 9"));
+    // Cut in the header, and cut in the tensor data.
+    assert!(err(good[..40].to_vec()).contains("truncated"), "{}", err(good[..40].to_vec()));
+    let short = err(good[..good.len() - 40].to_vec());
+    assert!(short.contains("tensor q") && short.contains("past the end"), "{short}");
+    // An unknown tensor type.
+    let mut w = Writer::new();
+    w.tensor("x", &[32], GgmlType::Q8_0, vec![0; 34]);
+    let mut b = w.finish();
+    let at = b.windows(4).position(|win| win == 8u32.to_le_bytes()).expect("type id");
+    b[at] = 99;
+    assert!(err(b).contains("tensor x: ggml type 99"));
+    // Missing and mistyped keys.
+    let g = Gguf::from_vec(good).expect("reads");
+    assert!(g.u64("llama.embedding_length").expect_err("missing").to_string().contains("is missing"));
+    let e = g.u64("general.architecture").expect_err("a string").to_string();
+    assert!(e.contains("is a string, not an unsigned integer"), "{e}");
+}
+
+/// The quick start's model, where `scripts/ensure-deps` installed it.
+#[test]
+fn the_smollm2_file_reads_where_installed() {
+    let Some(path) = crate::models::smollm2_path() else { return };
+    let g = Gguf::open(&path).expect("opens");
+    assert_eq!(g.architecture().expect("arch"), "llama");
+    assert_eq!(g.u64("llama.block_count").expect("layers"), 30);
+    assert_eq!(g.tensors().len(), 272);
+    let (emb, _) = g.tensor("token_embd.weight").expect("embedding");
+    assert_eq!((emb.dims.as_slice(), emb.ty), (&[576u64, 49152][..], GgmlType::Q8_0));
+}

