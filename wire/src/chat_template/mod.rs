@@ -34,7 +34,10 @@
 //! [`jinja`] renders an external model's own Hugging Face template instead, as transformers and
 //! vLLM do.
 
+mod format;
 pub mod jinja;
+
+pub use format::{ChatFormat, Template};
 
 use crate::openai::{ChatMessage, Role, Tool};
 use crate::tokenizer::{Tokenizer, IM_END, IM_START};

@@ -72,3 +72,28 @@ fn the_smollm2_file_reads_where_installed() {
     let (emb, _) = g.tensor("token_embd.weight").expect("embedding");
     assert_eq!((emb.dims.as_slice(), emb.ty), (&[576u64, 49152][..], GgmlType::Q8_0));
 }
+
+/// The SmolLM2 file's tokenizer and chat template, where installed.
+#[test]
+fn the_smollm2_chat_format_renders_its_template() {
+    use crate::chat_template::ChatFormat;
+    use crate::openai::{ChatMessage, Role};
+    let Some(path) = crate::models::smollm2_path() else { return };
+    let g = Gguf::open(&path).expect("opens");
+    let f = ChatFormat::from_gguf("smollm2", &g).expect("format");
+    assert_eq!(f.stop_ids, [2]);
+    assert_eq!(f.bos, None, "add_bos_token is false");
+    let msgs = [ChatMessage::text(Role::User, "What is 12 + 30?")];
+    let text = f.render_text(&msgs, &[], true).expect("renders");
+    assert_eq!(
+        text,
+        "<|im_start|>system\nYou are a helpful AI assistant named SmolLM, trained by Hugging Face<|im_end|>\n\
+         <|im_start|>user\nWhat is 12 + 30?<|im_end|>\n<|im_start|>assistant\n"
+    );
+    let ids = f.render_tokens(&msgs, &[], true).expect("tokens");
+    assert_eq!(ids[0], 1, "<|im_start|> is special token 1");
+    assert_eq!(f.tokenizer.decode(&ids).expect("decodes"), text);
+    // Digits are split one by one (the `smollm` pre-tokenizer).
+    let digits = f.tokenizer.encode("12 + 30");
+    assert_eq!(f.tokenizer.decode(&digits[..1]).expect("decodes"), "1");
+}

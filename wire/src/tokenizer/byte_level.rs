@@ -25,6 +25,9 @@ pub(super) const QWEN2_PATTERN: &str = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L
 /// may cut text for them.
 const LINE_SPLITTING: &[&str] = &[GPT2_PATTERN, LLAMA3_PATTERN, QWEN2_PATTERN];
 
+/// The id of a byte that has no token: left out of the encoding.
+pub(super) const DROPPED: u32 = u32::MAX;
+
 /// How text is split before BPE: a regex, after (where `digits`) every digit is cut out alone
 /// (the `Digits` pre-tokenizer with `individual_digits`, SmolLM's).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -83,13 +86,15 @@ pub(super) fn build(v: Vocab<'_>) -> Result<Tokenizer, TokenizerError> {
             return Err(unsupported(format!("two ids for the bytes of token {token:?}")));
         }
     }
-    // Ranks: single bytes, then merge results in merge order, then the rest.
+    // Ranks: single bytes, then merge results in merge order, then the rest. A byte without a
+    // token of its own (SmolLM's vocabulary lacks 21, control characters and bytes UTF-8 never
+    // uses) is dropped from the ids, as the `tokenizers` library drops characters it cannot
+    // encode when the model has no unknown token.
     let mut rank_of: HashMap<Vec<u8>, u32> = HashMap::with_capacity(by_bytes.len());
     let mut ids = Vec::with_capacity(by_bytes.len());
     for b in 0..=255u8 {
-        let id = by_bytes.get(&vec![b]).ok_or_else(|| unsupported(format!("byte {b:#04x} has no token")))?;
         rank_of.insert(vec![b], b as u32);
-        ids.push(*id);
+        ids.push(by_bytes.get(&vec![b]).copied().unwrap_or(DROPPED));
     }
     for (k, (a, b)) in v.merges.iter().enumerate() {
         let mut merged = to_bytes(a)?;
@@ -111,7 +116,7 @@ pub(super) fn build(v: Vocab<'_>) -> Result<Tokenizer, TokenizerError> {
     }
     // Special tokens take the ranks after the ordinary ones, in `specials` order.
     ids.extend(v.specials.iter().map(|(_, id)| *id));
-    let vocab_size = ids.iter().max().map_or(0, |m| *m as usize + 1);
+    let vocab_size = ids.iter().filter(|&&id| id != DROPPED).max().map_or(0, |m| *m as usize + 1);
     let identity = ids.iter().enumerate().all(|(r, id)| r as u32 == *id);
     Parts {
         name: v.name,

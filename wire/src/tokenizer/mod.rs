@@ -181,6 +181,7 @@ impl Tokenizer {
             for r in &mut ranks {
                 *r = ids[*r as usize];
             }
+            ranks.retain(|&id| id != byte_level::DROPPED);
         }
         ranks
     }
