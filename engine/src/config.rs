@@ -33,9 +33,10 @@ pub struct EngineArgs {
     /// Which executor computes the steps.
     #[arg(long, value_enum, default_value_t = ExecutorKind::Llama)]
     pub executor: ExecutorKind,
-    /// `micro` (2.1M params, for tests), `tiny` (15M, llama2.c stories15M shape) with seeded
-    /// dummy weights, or the path of a llama2.c checkpoint (its vocabulary must fit the
-    /// built-in 32,000-id tokenizer).
+    /// `smollm2-135m-instruct` (the real model `scripts/ensure-deps` installs), a GGUF file
+    /// (`FILE.gguf`: llama-architecture models, weights kept quantized), `micro` (2.1M params, for
+    /// tests) or `tiny` (15M, llama2.c stories15M shape) with seeded dummy weights, or the path of
+    /// a llama2.c checkpoint (its vocabulary must fit the built-in 32,000-id tokenizer).
     #[arg(long, default_value = "tiny")]
     pub model: String,
     /// Name the model is served under (default: the --model value, or the checkpoint's stem).
@@ -107,16 +108,25 @@ pub struct EngineArgs {
 impl EngineArgs {
     /// The model shape and where its weights come from.
     pub fn model_source(&self) -> ModelSource {
-        match ModelConfig::preset(&self.model) {
-            Some(cfg) => ModelSource::Preset(cfg),
-            None => ModelSource::Checkpoint(PathBuf::from(&self.model)),
+        if let Some(cfg) = ModelConfig::preset(&self.model) {
+            return ModelSource::Preset(cfg);
+        }
+        if let Some(file) = warmpath_wire::models::file_of(&self.model) {
+            return ModelSource::Gguf(file);
+        }
+        let path = PathBuf::from(&self.model);
+        match path.extension().is_some_and(|e| e.eq_ignore_ascii_case("gguf")) {
+            true => ModelSource::Gguf(path),
+            false => ModelSource::Checkpoint(path),
         }
     }
 
     pub fn served_name(&self) -> String {
+        let known = warmpath_wire::models::file_of(&self.model).is_some();
         self.served_model_name.clone().unwrap_or_else(|| match self.model_source() {
             ModelSource::Preset(_) => self.model.clone(),
-            ModelSource::Checkpoint(p) => {
+            ModelSource::Gguf(_) if known => self.model.clone(),
+            ModelSource::Checkpoint(p) | ModelSource::Gguf(p) => {
                 p.file_stem().map(|s| s.to_string_lossy().into_owned()).unwrap_or_else(|| self.model.clone())
             }
         })
@@ -164,4 +174,6 @@ impl EngineArgs {
 pub enum ModelSource {
     Preset(ModelConfig),
     Checkpoint(PathBuf),
+    /// A GGUF file (a model known by name resolved to its installed file).
+    Gguf(PathBuf),
 }

@@ -5,7 +5,7 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 
 use anyhow::Context;
-use warmpath_wire::tokenizer::Tokenizer;
+use warmpath_wire::chat_template::ChatFormat;
 
 use crate::config::{EngineArgs, ExecutorKind, ModelSource};
 use crate::core::{Engine, EngineInfo};
@@ -14,7 +14,7 @@ use crate::executor::sim::SimExecutor;
 use crate::executor::Executor;
 use crate::faults::FaultInjector;
 use crate::metrics::Metrics;
-use crate::model::Weights;
+use crate::model::{GgufModel, Weights};
 use crate::scheduler::SchedulerConfig;
 use crate::server::{self, AppState};
 
@@ -34,29 +34,39 @@ pub struct EngineServer {
 /// Loads the model, starts the engine thread, binds the port and the KV event socket.
 pub async fn launch(args: EngineArgs) -> anyhow::Result<EngineServer> {
     args.validate().map_err(anyhow::Error::msg)?;
-    let tokenizer = Tokenizer::wp32k();
     let model_name = args.served_name();
-    let (executor, vocab_size): (Box<dyn Executor>, usize) = match (args.executor, args.model_source()) {
+    let (executor, format): (Box<dyn Executor>, ChatFormat) = match (args.executor, args.model_source()) {
         (ExecutorKind::Sim, _) => {
-            let exec =
-                SimExecutor::new(args.sim_timing(), (tokenizer.vocab_size() - 8) as u32, args.weight_seed);
-            (Box::new(exec), tokenizer.vocab_size())
+            let format = ChatFormat::builtin();
+            let words = (format.tokenizer.vocab_size() - 8) as u32;
+            (Box::new(SimExecutor::new(args.sim_timing(), words, args.weight_seed)), format)
+        }
+        (ExecutorKind::Llama, ModelSource::Gguf(path)) => {
+            if !path.is_file() {
+                anyhow::bail!("{} is not installed: scripts/ensure-deps installs it", path.display());
+            }
+            let m = GgufModel::load(&path)?;
+            tracing::info!(model = %m.name, params = m.weights.cfg.num_params(), bytes = m.weights.bytes(), "model loaded");
+            (Box::new(LlamaExecutor::new(m.weights, args.kv_blocks, args.block_size)), m.format)
         }
         (ExecutorKind::Llama, source) => {
+            let format = ChatFormat::builtin();
             let weights = match source {
                 ModelSource::Preset(cfg) => Weights::dummy(&cfg, args.weight_seed)?,
                 ModelSource::Checkpoint(path) => Weights::load_llama2c(&path)?,
+                ModelSource::Gguf(_) => unreachable!("matched above"),
             };
             let vocab = weights.cfg.vocab_size;
             anyhow::ensure!(
-                vocab >= tokenizer.vocab_size(),
+                vocab >= format.tokenizer.vocab_size(),
                 "the model's vocabulary ({vocab}) is smaller than the tokenizer's ({})",
-                tokenizer.vocab_size()
+                format.tokenizer.vocab_size()
             );
             tracing::info!(params = weights.cfg.num_params(), "model loaded");
-            (Box::new(LlamaExecutor::new(weights, args.kv_blocks, args.block_size)), tokenizer.vocab_size())
+            (Box::new(LlamaExecutor::new(weights, args.kv_blocks, args.block_size)), format)
         }
     };
+    let vocab_size = format.tokenizer.vocab_size();
     let info = EngineInfo {
         model_name: model_name.clone(),
         vocab_size,
@@ -99,7 +109,7 @@ pub async fn launch(args: EngineArgs) -> anyhow::Result<EngineServer> {
     };
     let state = Arc::new(AppState {
         engine: engine.clone(),
-        tokenizer,
+        format,
         faults: FaultInjector::new(args.faults.clone()),
         max_body_bytes: args.max_body_bytes,
         script,

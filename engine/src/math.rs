@@ -146,13 +146,14 @@ pub fn rmsnorm(out: &mut [f32], x: &[f32], weight: &[f32], dim: usize, eps: f32)
     }
 }
 
-/// Rotary position embedding on one row of `n_heads` heads, llama2.c's pairing: each pair of
-/// adjacent elements of a head is rotated by `pos × theta^(-i/head_size)`.
-pub fn rope(row: &mut [f32], pos: usize, head_size: usize, theta: f32) {
+/// Rotary position embedding on one row of `n_heads` heads, llama2.c's pairing (ggml's
+/// "normal" mode, which GGUF llama models are converted for): each pair of adjacent elements of
+/// a head is rotated by `pos × theta^(-i/head_size)`. `pos` may be scaled (linear rope scaling).
+pub fn rope(row: &mut [f32], pos: f32, head_size: usize, theta: f32) {
     for head in row.chunks_exact_mut(head_size) {
         for i in (0..head_size).step_by(2) {
             let freq = 1.0 / theta.powf(i as f32 / head_size as f32);
-            let (s, c) = (pos as f32 * freq).sin_cos();
+            let (s, c) = (pos * freq).sin_cos();
             let (a, b) = (head[i], head[i + 1]);
             head[i] = a * c - b * s;
             head[i + 1] = a * s + b * c;
@@ -228,9 +229,9 @@ mod tests {
     fn rope_preserves_norm_and_is_identity_at_zero() {
         let mut r: Vec<f32> = (0..8).map(|i| i as f32).collect();
         let orig = r.clone();
-        rope(&mut r, 0, 4, 10000.0);
+        rope(&mut r, 0.0, 4, 10000.0);
         assert_eq!(r, orig);
-        rope(&mut r, 17, 4, 10000.0);
+        rope(&mut r, 17.0, 4, 10000.0);
         let n = |v: &[f32]| v.iter().map(|x| x * x).sum::<f32>();
         assert!((n(&r) - n(&orig)).abs() < 1e-3);
     }

@@ -7,7 +7,7 @@
 
 use super::{Executor, SeqStep};
 use crate::block_pool::BlockId;
-use crate::math::{gemm, matmul_wt, matmul_wt_add, rmsnorm, rope, softmax, swiglu, View};
+use crate::math::{gemm, rmsnorm, rope, softmax, swiglu, View};
 use crate::model::Weights;
 
 /// K and V of every layer, `[num_blocks × block_size × kv_dim]` each.
@@ -64,7 +64,7 @@ impl LlamaExecutor {
         for (tokens, ..) in batch {
             for &tok in *tokens {
                 let tok = (tok as usize).min(c.vocab_size - 1);
-                x[row * dim..(row + 1) * dim].copy_from_slice(&self.w.embed[tok * dim..(tok + 1) * dim]);
+                self.w.embed.row(tok, &mut x[row * dim..(row + 1) * dim]);
                 row += 1;
             }
         }
@@ -77,16 +77,17 @@ impl LlamaExecutor {
         let mut h3 = vec![0.0f32; t * hidden];
         for (l, lw) in self.w.layers.iter().enumerate() {
             rmsnorm(&mut xb, &x, &lw.rms_att, dim, c.norm_eps);
-            matmul_wt(&mut q, &xb, &lw.wq, t, dim, dim);
-            matmul_wt(&mut k, &xb, &lw.wk, t, dim, kv_dim);
-            matmul_wt(&mut v, &xb, &lw.wv, t, dim, kv_dim);
+            lw.wq.matmul(&mut q, &xb, t);
+            lw.wk.matmul(&mut k, &xb, t);
+            lw.wv.matmul(&mut v, &xb, t);
             // RoPE, then write this step's K/V into the pages of each sequence.
             let mut r = 0;
             for (tokens, start, table, _) in batch {
                 for i in 0..tokens.len() {
                     let pos = start + i;
-                    rope(&mut q[(r + i) * dim..(r + i + 1) * dim], pos, hs, c.rope_theta);
-                    rope(&mut k[(r + i) * kv_dim..(r + i + 1) * kv_dim], pos, hs, c.rope_theta);
+                    let p = pos as f32 * c.rope_freq_scale;
+                    rope(&mut q[(r + i) * dim..(r + i + 1) * dim], p, hs, c.rope_theta);
+                    rope(&mut k[(r + i) * kv_dim..(r + i + 1) * kv_dim], p, hs, c.rope_theta);
                     let s = self.cache.slot(table, pos);
                     self.cache.k[l][s..s + kv_dim]
                         .copy_from_slice(&k[(r + i) * kv_dim..(r + i + 1) * kv_dim]);
@@ -100,12 +101,12 @@ impl LlamaExecutor {
                 self.attention(l, &q[r * dim..], &mut att[r * dim..], tokens.len(), *start, table);
                 r += tokens.len();
             }
-            matmul_wt_add(&mut x, &att, &lw.wo, t, dim, dim);
+            lw.wo.matmul_add(&mut x, &att, t);
             rmsnorm(&mut xb, &x, &lw.rms_ffn, dim, c.norm_eps);
-            matmul_wt(&mut h1, &xb, &lw.w1, t, dim, hidden);
-            matmul_wt(&mut h3, &xb, &lw.w3, t, dim, hidden);
+            lw.w1.matmul(&mut h1, &xb, t);
+            lw.w3.matmul(&mut h3, &xb, t);
             swiglu(&mut h1, &h3);
-            matmul_wt_add(&mut x, &h1, &lw.w2, t, hidden, dim);
+            lw.w2.matmul_add(&mut x, &h1, t);
         }
         // Final norm and output projection, only for the rows that are sampled.
         let mut last_rows = Vec::new();
@@ -128,7 +129,7 @@ impl LlamaExecutor {
             );
         }
         let mut logits = vec![0.0f32; n * c.vocab_size];
-        matmul_wt(&mut logits, &xf, self.w.classifier(), n, dim, c.vocab_size);
+        self.w.classifier().matmul(&mut logits, &xf, n);
         logits
     }
 
@@ -211,7 +212,7 @@ impl Executor for LlamaExecutor {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::model::ModelConfig;
+    use crate::model::{Matrix, ModelConfig};
 
     /// A straightforward single-sequence forward pass over a contiguous cache, written
     /// independently of the batched, paged one: the reference it must match.
@@ -222,18 +223,20 @@ mod tests {
         let mut vcache: Vec<Vec<Vec<f32>>> = vec![Vec::new(); c.n_layers];
         let mut last = Vec::new();
         for (pos, &tok) in tokens.iter().enumerate() {
-            let mut x = w.embed[tok as usize * dim..(tok as usize + 1) * dim].to_vec();
+            let mut x = vec![0.0; dim];
+            w.embed.row(tok as usize, &mut x);
             for (l, lw) in w.layers.iter().enumerate() {
                 let mut xb = vec![0.0; dim];
                 rmsnorm(&mut xb, &x, &lw.rms_att, dim, c.norm_eps);
-                let mv = |m: &[f32], v: &[f32], n: usize| -> Vec<f32> {
+                let mv = |m: &Matrix, v: &[f32], n: usize| -> Vec<f32> {
+                    let m = m.as_f32().expect("f32 weights");
                     (0..n).map(|i| (0..v.len()).map(|j| m[i * v.len() + j] * v[j]).sum()).collect()
                 };
                 let mut q = mv(&lw.wq, &xb, dim);
                 let mut k = mv(&lw.wk, &xb, kv_dim);
                 let v = mv(&lw.wv, &xb, kv_dim);
-                rope(&mut q, pos, hs, c.rope_theta);
-                rope(&mut k, pos, hs, c.rope_theta);
+                rope(&mut q, pos as f32, hs, c.rope_theta);
+                rope(&mut k, pos as f32, hs, c.rope_theta);
                 kcache[l].push(k);
                 vcache[l].push(v);
                 let mut att = vec![0.0; dim];
@@ -263,7 +266,7 @@ mod tests {
         }
         let mut xf = vec![0.0; dim];
         rmsnorm(&mut xf, &last, &w.rms_final, dim, c.norm_eps);
-        let cls = w.classifier();
+        let cls = w.classifier().as_f32().expect("f32 weights");
         (0..c.vocab_size).map(|i| (0..dim).map(|j| cls[i * dim + j] * xf[j]).sum()).collect()
     }
 

@@ -6,13 +6,11 @@ use std::sync::{Arc, Mutex};
 use axum::body::Body;
 use axum::extract::State;
 use axum::response::{IntoResponse, Response};
-use warmpath_wire::chat_template::{render_text, render_tokens};
 use warmpath_wire::openai::{
     parse_body, ApiError, AssistantMessage, ChatChoice, ChatCompletion, ChatCompletionChunk,
     ChatCompletionRequest, ChunkChoice, Delta, FinishReason, FunctionCallDelta, Role, ToolCall,
     ToolCallDelta, Usage,
 };
-use warmpath_wire::tokenizer::IM_END;
 
 use super::generate::{self, ChunkFormat, ResponseMeta, SamplingFields};
 use super::{check_model, read_body, AppState, ErrorReply};
@@ -32,7 +30,9 @@ pub fn prompt_of(state: &AppState, req: &ChatCompletionRequest) -> Result<Vec<u3
         return Err(ApiError::invalid_request("messages must not be empty").with_param("messages"));
     }
     let tools = req.tools.as_deref().unwrap_or_default();
-    Ok(render_tokens(&state.tokenizer, &req.messages, tools, true))
+    state.format.render_tokens(&req.messages, tools, true).map_err(|e| {
+        ApiError::invalid_request(format!("the chat template failed: {e}")).with_param("messages")
+    })
 }
 
 async fn run(state: Arc<AppState>, body: Body) -> Result<Response, ApiError> {
@@ -97,10 +97,13 @@ fn scripted(state: &AppState, req: &ChatCompletionRequest) -> Vec<u32> {
     if state.script.is_empty() {
         return Vec::new();
     }
-    let text = render_text(&req.messages, req.tools.as_deref().unwrap_or_default(), true);
+    let f = &state.format;
+    let Ok(text) = f.render_text(&req.messages, req.tools.as_deref().unwrap_or_default(), true) else {
+        return Vec::new();
+    };
     let Some(reply) = state.script.reply_for(&text) else { return Vec::new() };
-    let mut ids = state.tokenizer.encode(reply);
-    ids.extend(state.tokenizer.special_id(IM_END));
+    let mut ids = f.tokenizer.encode(reply);
+    ids.extend(f.stop_ids.last());
     ids
 }
 

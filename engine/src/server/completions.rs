@@ -22,10 +22,10 @@ pub async fn handle(State(state): State<Arc<AppState>>, body: Body) -> Response 
 /// Validates a request and tokenizes its prompts.
 pub fn prompts_of(state: &AppState, req: &CompletionRequest) -> Result<Vec<Vec<u32>>, ApiError> {
     check_model(state, &req.model)?;
-    let tok = &state.tokenizer;
+    let f = &state.format;
     let prompts = match &req.prompt {
-        Prompt::Text(s) => vec![tok.encode(s)],
-        Prompt::Texts(v) => v.iter().map(|s| tok.encode(s)).collect(),
+        Prompt::Text(s) => vec![f.prompt_ids(s)],
+        Prompt::Texts(v) => v.iter().map(|s| f.prompt_ids(s)).collect(),
         Prompt::Tokens(ids) => vec![ids.clone()],
         Prompt::TokenLists(v) => v.clone(),
     };

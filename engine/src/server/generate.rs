@@ -147,11 +147,9 @@ impl SamplingFields<'_> {
         if stops.len() > 16 {
             return Err(ApiError::invalid_request("at most 16 stop sequences").with_param("stop"));
         }
-        let tok = &state.tokenizer;
         let mut stop_token_ids: Vec<u32> = Vec::new();
         if !self.extra.get("ignore_eos").and_then(|v| v.as_bool()).unwrap_or(false) {
-            use warmpath_wire::tokenizer::{EOS, IM_END};
-            stop_token_ids.extend([EOS, IM_END].iter().filter_map(|s| tok.special_id(s)));
+            stop_token_ids.extend(&state.format.stop_ids);
         }
         if let Some(ids) = self.extra.get("stop_token_ids").and_then(|v| v.as_array()) {
             stop_token_ids.extend(ids.iter().filter_map(|v| v.as_u64()).map(|v| v as u32));
@@ -218,7 +216,7 @@ pub fn submit(
             prompt_index: c.prompt_index,
             stream,
             text: TextState::new(c.stops),
-            tok: state.tokenizer.clone(),
+            tok: state.format.tokenizer.clone(),
             finished: false,
         });
     }

@@ -20,8 +20,8 @@ use axum::http::{header, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::Router;
+use warmpath_wire::chat_template::ChatFormat;
 use warmpath_wire::openai::{unix_now, ApiError, Model, ModelList};
-use warmpath_wire::tokenizer::Tokenizer;
 
 use crate::core::Engine;
 use crate::faults::FaultInjector;
@@ -29,7 +29,8 @@ use crate::faults::FaultInjector;
 /// What every handler shares.
 pub struct AppState {
     pub engine: Arc<Engine>,
-    pub tokenizer: Tokenizer,
+    /// The model's tokenizer, chat template and end tokens.
+    pub format: ChatFormat,
     pub faults: FaultInjector,
     pub max_body_bytes: usize,
     /// Scripted replies (`--script`, a test hook); empty normally.

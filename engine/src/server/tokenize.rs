@@ -7,7 +7,6 @@ use axum::body::Body;
 use axum::extract::State;
 use axum::response::{IntoResponse, Response};
 use serde::Deserialize;
-use warmpath_wire::chat_template::render_tokens;
 use warmpath_wire::openai::{
     parse_body, ApiError, ChatCompletionRequest, ChatMessage, CompletionRequest, Tool,
 };
@@ -44,13 +43,11 @@ pub async fn tokenize(State(state): State<Arc<AppState>>, body: Body) -> Respons
                 check_model(&state, m)?;
             }
             let tokens = match (&req.prompt, &req.messages) {
-                (Some(p), None) => state.tokenizer.encode(p),
-                (None, Some(msgs)) => render_tokens(
-                    &state.tokenizer,
-                    msgs,
-                    req.tools.as_deref().unwrap_or_default(),
-                    req.add_generation_prompt,
-                ),
+                (Some(p), None) => state.format.prompt_ids(p),
+                (None, Some(msgs)) => state
+                    .format
+                    .render_tokens(msgs, req.tools.as_deref().unwrap_or_default(), req.add_generation_prompt)
+                    .map_err(|e| ApiError::invalid_request(format!("the chat template failed: {e}")))?,
                 _ => return Err(ApiError::invalid_request("give exactly one of prompt or messages")),
             };
             Ok(serde_json::json!({
@@ -78,6 +75,7 @@ pub async fn detokenize(State(state): State<Arc<AppState>>, body: Body) -> Respo
                 check_model(&state, m)?;
             }
             let text = state
+                .format
                 .tokenizer
                 .decode(&req.tokens)
                 .map_err(|e| ApiError::invalid_request(e.to_string()).with_param("tokens"))?;
