@@ -111,13 +111,9 @@ impl EngineArgs {
         if let Some(cfg) = ModelConfig::preset(&self.model) {
             return ModelSource::Preset(cfg);
         }
-        if let Some(file) = warmpath_wire::models::file_of(&self.model) {
-            return ModelSource::Gguf(file);
-        }
-        let path = PathBuf::from(&self.model);
-        match path.extension().is_some_and(|e| e.eq_ignore_ascii_case("gguf")) {
-            true => ModelSource::Gguf(path),
-            false => ModelSource::Checkpoint(path),
+        match warmpath_wire::models::gguf_of(&self.model) {
+            Some(file) => ModelSource::Gguf(file),
+            None => ModelSource::Checkpoint(PathBuf::from(&self.model)),
         }
     }
 

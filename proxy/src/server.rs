@@ -47,11 +47,16 @@ impl Policy {
         let cfg = crate::config::parse(&src.file, &src.text)?;
         let mut externals = Vec::with_capacity(cfg.pools.len());
         for (i, pool) in cfg.pools.iter().enumerate() {
-            let loaded = External::load(&pool.canon, src.dir()).map_err(|(key_name, message)| {
+            let at = |table: &str, key_name: &str, message: String| {
                 let key = |k: &str| PathSeg::Key(k.to_owned());
-                let path = vec![key("pools"), PathSeg::Index(i), key("canon"), key(key_name)];
+                let path = vec![key("pools"), PathSeg::Index(i), key(table), key(key_name)];
                 src.locate(&Invalid { path, message })
-            })?;
+            };
+            let mut loaded = External::load(&pool.canon, src.dir()).map_err(|(k, m)| at("canon", k, m))?;
+            // An embedded GGUF model's own tokenizer and template, unless the file names others.
+            if let (None, Some(e)) = (&loaded, &pool.embedded) {
+                loaded = External::of_embedded(&e.model).map_err(|m| at("embedded", "model", m))?;
+            }
             externals.push(loaded);
         }
         Ok(Policy { cfg, externals })
@@ -208,7 +213,7 @@ pub fn run(policy: Policy) -> anyhow::Result<()> {
         .cloned()
         .unwrap_or_else(|| "MODEL".into());
     println!("warmpath listening on http://{listen} (admin http://{}/metrics)", cfg.server.admin);
-    println!("try:\n  curl -s http://{listen}/v1/chat/completions -H 'content-type: application/json' \\\n    -d '{{\"model\":\"{model}\",\"messages\":[{{\"role\":\"user\",\"content\":\"Hello!\"}}],\"max_tokens\":32}}'");
+    println!("try:\n  curl -s http://{listen}/v1/chat/completions -H 'content-type: application/json' \\\n    -d '{{\"model\":\"{model}\",\"messages\":[{{\"role\":\"system\",\"content\":\"You are a helpful assistant.\"}},{{\"role\":\"user\",\"content\":\"What is the capital of France?\"}}],\"max_tokens\":32}}'");
     // The replicas live as long as the process.
     let _embedded = embedded;
     server.run_forever()

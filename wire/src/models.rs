@@ -26,6 +26,16 @@ pub fn file_of(name: &str) -> Option<PathBuf> {
     }
 }
 
+/// The GGUF file a model argument names: a known name's installed file, or a path ending in
+/// `.gguf`; `None` for anything else (presets, llama2.c checkpoints).
+pub fn gguf_of(model: &str) -> Option<PathBuf> {
+    if let Some(f) = file_of(model) {
+        return Some(f);
+    }
+    let p = PathBuf::from(model);
+    p.extension().is_some_and(|e| e.eq_ignore_ascii_case("gguf")).then_some(p)
+}
+
 /// The SmolLM2 file, when it is installed.
 pub fn smollm2_path() -> Option<PathBuf> {
     let p = file_of(SMOLLM2).filter(|p| p.is_file());

@@ -6,7 +6,8 @@ use std::sync::Arc;
 
 use serde::Deserialize;
 use warmpath_wire::chat_template::jinja::{self, JinjaTemplate, TemplateValue};
-use warmpath_wire::chat_template::Piece;
+use warmpath_wire::chat_template::{ChatFormat, Piece, Template};
+use warmpath_wire::gguf::Gguf;
 use warmpath_wire::prefix::Blocks;
 use warmpath_wire::tokenizer::Tokenizer;
 
@@ -39,6 +40,22 @@ impl External {
             Some(t) => Some(Arc::new(JinjaTemplate::load(&t).map_err(|e| ("chat_template", e))?)),
         };
         Ok(Some(External { tokenizer, template }))
+    }
+
+    /// The tokenizer and chat template of the GGUF model an embedded pool serves, as the
+    /// bundled engine renders and tokenizes with them; `None` where `model` names no GGUF file.
+    pub fn of_embedded(model: &str) -> Result<Option<External>, String> {
+        let Some(path) = warmpath_wire::models::gguf_of(model) else { return Ok(None) };
+        if !path.is_file() {
+            return Err(format!("{} is not installed: scripts/ensure-deps installs it", path.display()));
+        }
+        let g = Gguf::open(&path).map_err(|e| format!("{}: {e}", path.display()))?;
+        let f = ChatFormat::from_gguf(model, &g)?;
+        let template = match f.template {
+            Template::Jinja(t) => Some(t),
+            Template::Builtin => None,
+        };
+        Ok(Some(External { tokenizer: f.tokenizer, template }))
     }
 }
 
