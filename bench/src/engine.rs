@@ -10,14 +10,14 @@ use std::time::{Duration, Instant};
 use warmpath_engine::core::{Engine, EngineInfo};
 use warmpath_engine::executor::llama::LlamaExecutor;
 use warmpath_engine::metrics::Metrics;
-use warmpath_engine::model::{ModelConfig, Weights};
+use warmpath_engine::model::{GgufModel, ModelConfig, Weights};
 use warmpath_engine::scheduler::{SamplingParams, SchedulerConfig};
 
 use crate::stats::median;
 
 #[derive(clap::Args)]
 pub struct Args {
-    /// Model preset.
+    /// Model: a preset (`tiny`, `micro`), `smollm2-135m-instruct`, or a GGUF file.
     #[arg(long, default_value = "tiny")]
     model: String,
     /// Length of the long prompt / cached prefix, in tokens.
@@ -78,8 +78,12 @@ async fn one(
 }
 
 pub async fn run(a: Args) -> anyhow::Result<()> {
-    let cfg = ModelConfig::preset(&a.model).ok_or_else(|| anyhow::anyhow!("unknown preset {}", a.model))?;
-    let weights = Weights::dummy(&cfg, 0)?;
+    let weights = match (ModelConfig::preset(&a.model), warmpath_wire::models::gguf_of(&a.model)) {
+        (Some(cfg), _) => Weights::dummy(&cfg, 0)?,
+        (None, Some(path)) => GgufModel::load(&path)?.weights,
+        (None, None) => anyhow::bail!("unknown model {}: a preset, a known name or a .gguf file", a.model),
+    };
+    let cfg = weights.cfg.clone();
     let block_size = 16;
     let num_blocks = 4096;
     let info = EngineInfo {

@@ -38,11 +38,26 @@ fn nearest(v: f32) -> i32 {
 }
 
 pub(super) fn quantize_acts(kind: ActKind, x: &[f32], cols: usize) -> Acts {
+    #[cfg(target_arch = "x86_64")]
+    let simd = super::x86::available();
+    #[cfg(not(target_arch = "x86_64"))]
+    let simd = false;
+    quantize_acts_with(kind, x, cols, simd)
+}
+
+/// [`quantize_acts`], with the AVX2 quantizer (`simd`, where the CPU has it) or the portable one.
+pub(super) fn quantize_acts_with(kind: ActKind, x: &[f32], cols: usize, simd: bool) -> Acts {
     let mut a = Acts { kind, cols, qs: Vec::new(), d: Vec::new(), sums: Vec::new(), f: Vec::new() };
     match kind {
         ActKind::F32 => a.f = x.to_vec(),
         ActKind::Q8_0 | ActKind::Q8_1 => {
             a.qs.reserve(x.len());
+            #[cfg(target_arch = "x86_64")]
+            if simd {
+                let sums = (kind == ActKind::Q8_1).then_some(&mut a.sums);
+                super::x86::quantize_q8(x, &mut a.qs, &mut a.d, sums);
+                return a;
+            }
             for b in x.chunks_exact(32) {
                 // As ggml's AVX2 quantizer: scale 127 / max|x|, round half to even.
                 let amax = b.iter().fold(0.0f32, |m, v| m.max(v.abs()));
@@ -86,12 +101,15 @@ pub(super) fn quantize_acts(kind: ActKind, x: &[f32], cols: usize) -> Acts {
             }
         }
     }
-    let _ = cols;
+    let _ = (cols, simd);
     a
 }
 
-/// A weight row's dot product with activation row `i`.
-pub(super) type Kernel = fn(&[u8], &Acts, usize) -> f32;
+/// A weight row's dot products with activation rows `i..i + out.len()` (one to four).
+pub(super) type Kernel = fn(&[u8], &Acts, usize, &mut [f32]);
+
+/// One weight row's dot product with one activation row.
+type One = fn(&[u8], &Acts, usize) -> f32;
 
 /// The kernel for `ty`: AVX2 where the CPU has it, portable otherwise.
 pub(super) fn kernel(ty: GgmlType) -> Kernel {
@@ -103,17 +121,27 @@ pub(super) fn kernel(ty: GgmlType) -> Kernel {
 }
 
 pub(super) fn portable(ty: GgmlType) -> Kernel {
+    macro_rules! each {
+        ($one:expr) => {
+            |row, a, i, out| {
+                let one: One = $one;
+                for (j, o) in out.iter_mut().enumerate() {
+                    *o = one(row, a, i + j);
+                }
+            }
+        };
+    }
     use GgmlType::*;
     match ty {
-        Q8_0 => q8_0,
-        Q4_0 => q4_0,
-        Q4_1 => q4_1,
-        Q4_K => q4_k,
-        Q5_K => q5_k,
-        Q6_K => q6_k,
-        F32 => f32_row,
-        F16 => f16_row,
-        BF16 => bf16_row,
+        Q8_0 => each!(q8_0),
+        Q4_0 => each!(q4_0),
+        Q4_1 => each!(q4_1),
+        Q4_K => each!(q4_k),
+        Q5_K => each!(q5_k),
+        Q6_K => each!(q6_k),
+        F32 => each!(f32_row),
+        F16 => each!(f16_row),
+        BF16 => each!(bf16_row),
         other => unreachable!("{other:?} is refused when a model is loaded"),
     }
 }

@@ -118,16 +118,43 @@ pub fn matmul(out: &mut [f32], x: &[f32], t: usize, w: &QuantMatrix) {
     matmul_acts(out, &acts, t, w);
 }
 
-/// [`matmul`] with the activations already quantized (several matrices reading one input).
+/// Weight rows per parallel task.
+const ROWS_PER_TASK: usize = 16;
+
+/// [`matmul`] with the activations already quantized (several matrices reading one input). The
+/// weight rows are split among the threads (rayon's pool); each row is read once per four
+/// activation rows.
 pub fn matmul_acts(out: &mut [f32], acts: &Acts, t: usize, w: &QuantMatrix) {
+    use rayon::prelude::*;
     assert!(out.len() >= t * w.rows, "matmul: output too small");
     assert_eq!(acts.cols, w.cols, "matmul: activations of another width");
     assert_eq!(acts.kind, dot::ActKind::of(w.ty), "matmul: activations quantized for another type");
-    let dot = dot::kernel(w.ty);
-    for r in 0..w.rows {
-        let row = w.row(r);
-        for i in 0..t {
-            out[i * w.rows + r] = dot(row, acts, i);
+    if t == 0 {
+        return;
+    }
+    let kernel = dot::kernel(w.ty);
+    // Rows `r0..` into `dst`, `t` outputs per weight row.
+    let task = |r0: usize, dst: &mut [f32]| {
+        for (k, d) in dst.chunks_exact_mut(t).enumerate() {
+            let row = w.row(r0 + k);
+            let mut i = 0;
+            while i < t {
+                let n = (t - i).min(4);
+                kernel(row, acts, i, &mut d[i..i + n]);
+                i += n;
+            }
+        }
+    };
+    let rows = w.rows;
+    if t == 1 {
+        out[..rows].par_chunks_mut(ROWS_PER_TASK).enumerate().for_each(|(c, d)| task(c * ROWS_PER_TASK, d));
+        return;
+    }
+    let mut by_row = vec![0.0f32; rows * t];
+    by_row.par_chunks_mut(ROWS_PER_TASK * t).enumerate().for_each(|(c, d)| task(c * ROWS_PER_TASK, d));
+    for (r, products) in by_row.chunks_exact(t).enumerate() {
+        for (i, p) in products.iter().enumerate() {
+            out[i * rows + r] = *p;
         }
     }
 }

@@ -1,7 +1,9 @@
 //! AVX2 + FMA dot products for the hot weight types, picked at run time: 32 quants of a weight
 //! block against 32 activation quants in one `maddubs` (unsigned × signed bytes, pairwise
 //! summed), scaled and accumulated in eight float lanes — ggml's own arithmetic, so results
-//! match llama.cpp's to the last rounding of each block.
+//! match llama.cpp's to the last rounding of each block. Each weight block is unpacked once for
+//! up to four activation rows (a batch's tokens), and half-precision scales are converted by
+//! F16C.
 #![allow(unsafe_code)]
 
 use std::arch::x86_64::*;
@@ -9,25 +11,33 @@ use std::arch::x86_64::*;
 use warmpath_wire::gguf::GgmlType;
 
 use super::dot::Kernel;
-use super::formats::f16_to_f32;
 use super::Acts;
 
-/// The AVX2 kernel for `ty`, where the CPU has AVX2 and FMA and one is written for it.
+/// The CPU has what these kernels need: AVX2, FMA, F16C.
+pub(super) fn available() -> bool {
+    is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma") && is_x86_feature_detected!("f16c")
+}
+
+/// The AVX2 kernel for `ty`, where the CPU has AVX2, FMA and F16C and one is written for it.
 pub(super) fn kernel(ty: GgmlType) -> Option<Kernel> {
-    if !(is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma")) {
+    if !available() {
         return None;
     }
     // SAFETY (for each wrapper below): they are only handed out here, after the check above.
     match ty {
-        GgmlType::Q8_0 => Some(|row, a, i| unsafe { q8_0(row, a, i) }),
-        GgmlType::Q4_0 => Some(|row, a, i| unsafe { q4_0(row, a, i) }),
-        GgmlType::Q4_1 => Some(|row, a, i| unsafe { q4_1(row, a, i) }),
+        GgmlType::Q8_0 => Some(|row, a, i, out| unsafe { q8_0(row, a, i, out) }),
+        GgmlType::Q4_0 => Some(|row, a, i, out| unsafe { q4_0(row, a, i, out) }),
+        GgmlType::Q4_1 => Some(|row, a, i, out| unsafe { q4_1(row, a, i, out) }),
         _ => None,
     }
 }
 
-fn half(b: &[u8], at: usize) -> f32 {
-    f16_to_f32(u16::from_le_bytes([b[at], b[at + 1]]))
+/// Half → single precision by F16C.
+#[inline]
+#[target_feature(enable = "f16c")]
+fn h2f(b: &[u8], at: usize) -> f32 {
+    let h = u16::from_le_bytes([b[at], b[at + 1]]);
+    _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(i32::from(h))))
 }
 
 /// Σ of u8 × i8 products as eight i32 lanes, as floats.
@@ -49,7 +59,8 @@ fn mul_sum_i8(x: __m256i, y: __m256i) -> __m256 {
 #[inline]
 #[target_feature(enable = "avx2")]
 fn nibbles(p: &[u8]) -> __m256i {
-    // SAFETY: `p` holds at least 16 bytes (a block's quants); the load is unaligned.
+    assert!(p.len() >= 16);
+    // SAFETY: 16 bytes are there (checked); the load is unaligned.
     let tmp = unsafe { _mm_loadu_si128(p.as_ptr().cast()) };
     let both = _mm256_set_m128i(_mm_srli_epi16(tmp, 4), tmp);
     _mm256_and_si256(both, _mm256_set1_epi8(0xf))
@@ -58,7 +69,16 @@ fn nibbles(p: &[u8]) -> __m256i {
 #[inline]
 #[target_feature(enable = "avx2")]
 fn load32(x: &[i8]) -> __m256i {
-    // SAFETY: the callers pass a block's 32 quants; the load is unaligned.
+    assert!(x.len() >= 32);
+    // SAFETY: 32 bytes are there (checked); the load is unaligned.
+    unsafe { _mm256_loadu_si256(x.as_ptr().cast()) }
+}
+
+#[inline]
+#[target_feature(enable = "avx2")]
+fn load32u(x: &[u8]) -> __m256i {
+    assert!(x.len() >= 32);
+    // SAFETY: 32 bytes are there (checked); the load is unaligned.
     unsafe { _mm256_loadu_si256(x.as_ptr().cast()) }
 }
 
@@ -71,49 +91,144 @@ fn hsum(v: __m256) -> f32 {
     _mm_cvtss_f32(s)
 }
 
-#[target_feature(enable = "avx2,fma")]
-fn q8_0(row: &[u8], a: &Acts, i: usize) -> f32 {
+/// Activation row `i`'s quants, scales (and, for Q8_1, scaled sums) of a 32-block layout.
+#[inline]
+fn act_row(a: &Acts, i: usize) -> (&[i8], &[f32], &[f32]) {
     let nb = a.cols / 32;
-    let (xs, ds) = (&a.qs[i * a.cols..(i + 1) * a.cols], &a.d[i * nb..(i + 1) * nb]);
-    let mut acc = _mm256_setzero_ps();
-    for (k, blk) in row.chunks_exact(34).enumerate() {
-        let d = _mm256_set1_ps(half(blk, 0) * ds[k]);
-        // SAFETY: a block's 32 quants follow its 2-byte scale.
-        let qw = unsafe { _mm256_loadu_si256(blk[2..].as_ptr().cast()) };
-        let qx = load32(&xs[32 * k..]);
-        acc = _mm256_fmadd_ps(d, mul_sum_i8(qw, qx), acc);
-    }
-    hsum(acc)
+    let sums = if a.sums.is_empty() { &[][..] } else { &a.sums[i * nb..(i + 1) * nb] };
+    (&a.qs[i * a.cols..(i + 1) * a.cols], &a.d[i * nb..(i + 1) * nb], sums)
 }
 
-#[target_feature(enable = "avx2,fma")]
-fn q4_0(row: &[u8], a: &Acts, i: usize) -> f32 {
-    let nb = a.cols / 32;
-    let (xs, ds) = (&a.qs[i * a.cols..(i + 1) * a.cols], &a.d[i * nb..(i + 1) * nb]);
-    let mut acc = _mm256_setzero_ps();
+/// Calls `$f::<N>` for `N = out.len()` (1 to 4): each row count gets its own unrolled kernel.
+macro_rules! by_rows {
+    ($f:ident, $row:expr, $a:expr, $i:expr, $out:expr) => {
+        match $out.len() {
+            1 => $f::<1>($row, $a, $i, $out),
+            2 => $f::<2>($row, $a, $i, $out),
+            3 => $f::<3>($row, $a, $i, $out),
+            _ => $f::<4>($row, $a, $i, $out),
+        }
+    };
+}
+
+#[target_feature(enable = "avx2,fma,f16c")]
+fn q8_0(row: &[u8], a: &Acts, i: usize, out: &mut [f32]) {
+    by_rows!(q8_0_n, row, a, i, out)
+}
+
+#[target_feature(enable = "avx2,fma,f16c")]
+fn q8_0_n<const N: usize>(row: &[u8], a: &Acts, i: usize, out: &mut [f32]) {
+    let xs: [_; N] = std::array::from_fn(|j| act_row(a, i + j));
+    let mut acc = [_mm256_setzero_ps(); N];
+    for (k, blk) in row.chunks_exact(34).enumerate() {
+        let dw = h2f(blk, 0);
+        let qw = load32u(&blk[2..34]);
+        for j in 0..N {
+            let (x, d, _) = xs[j];
+            let prod = mul_sum_i8(qw, load32(&x[32 * k..32 * k + 32]));
+            acc[j] = _mm256_fmadd_ps(_mm256_set1_ps(dw * d[k]), prod, acc[j]);
+        }
+    }
+    for j in 0..N {
+        out[j] = hsum(acc[j]);
+    }
+}
+
+#[target_feature(enable = "avx2,fma,f16c")]
+fn q4_0(row: &[u8], a: &Acts, i: usize, out: &mut [f32]) {
+    by_rows!(q4_0_n, row, a, i, out)
+}
+
+#[target_feature(enable = "avx2,fma,f16c")]
+fn q4_0_n<const N: usize>(row: &[u8], a: &Acts, i: usize, out: &mut [f32]) {
+    let xs: [_; N] = std::array::from_fn(|j| act_row(a, i + j));
+    let mut acc = [_mm256_setzero_ps(); N];
     let eight = _mm256_set1_epi8(8);
     for (k, blk) in row.chunks_exact(18).enumerate() {
-        let d = _mm256_set1_ps(half(blk, 0) * ds[k]);
-        let qw = _mm256_sub_epi8(nibbles(&blk[2..]), eight);
-        let qx = load32(&xs[32 * k..]);
-        acc = _mm256_fmadd_ps(d, mul_sum_i8(qw, qx), acc);
+        let dw = h2f(blk, 0);
+        let qw = _mm256_sub_epi8(nibbles(&blk[2..18]), eight);
+        // The weights' signs, moved onto each activation row in turn.
+        let aw = _mm256_sign_epi8(qw, qw);
+        for j in 0..N {
+            let (x, d, _) = xs[j];
+            let prod = mul_sum_us8(aw, _mm256_sign_epi8(load32(&x[32 * k..32 * k + 32]), qw));
+            acc[j] = _mm256_fmadd_ps(_mm256_set1_ps(dw * d[k]), prod, acc[j]);
+        }
     }
-    hsum(acc)
+    for j in 0..N {
+        out[j] = hsum(acc[j]);
+    }
 }
 
-#[target_feature(enable = "avx2,fma")]
-fn q4_1(row: &[u8], a: &Acts, i: usize) -> f32 {
-    let nb = a.cols / 32;
-    let (xs, ds, ss) =
-        (&a.qs[i * a.cols..(i + 1) * a.cols], &a.d[i * nb..(i + 1) * nb], &a.sums[i * nb..(i + 1) * nb]);
-    let mut acc = _mm256_setzero_ps();
-    let mut mins = 0.0f32;
+#[target_feature(enable = "avx2,fma,f16c")]
+fn q4_1(row: &[u8], a: &Acts, i: usize, out: &mut [f32]) {
+    by_rows!(q4_1_n, row, a, i, out)
+}
+
+#[target_feature(enable = "avx2,fma,f16c")]
+fn q4_1_n<const N: usize>(row: &[u8], a: &Acts, i: usize, out: &mut [f32]) {
+    let xs: [_; N] = std::array::from_fn(|j| act_row(a, i + j));
+    let mut acc = [_mm256_setzero_ps(); N];
+    let mut mins = [0.0f32; N];
     for (k, blk) in row.chunks_exact(20).enumerate() {
-        mins += half(blk, 2) * ss[k];
-        let d = _mm256_mul_ps(_mm256_set1_ps(half(blk, 0)), _mm256_set1_ps(ds[k]));
-        let qw = nibbles(&blk[4..]);
-        let qx = load32(&xs[32 * k..]);
-        acc = _mm256_fmadd_ps(d, mul_sum_us8(qw, qx), acc);
+        let (dw, mw) = (h2f(blk, 0), h2f(blk, 2));
+        let qw = nibbles(&blk[4..20]);
+        let dwv = _mm256_set1_ps(dw);
+        for j in 0..N {
+            let (x, d, s) = xs[j];
+            mins[j] += mw * s[k];
+            let dd = _mm256_mul_ps(dwv, _mm256_set1_ps(d[k]));
+            acc[j] = _mm256_fmadd_ps(dd, mul_sum_us8(qw, load32(&x[32 * k..32 * k + 32])), acc[j]);
+        }
     }
-    hsum(acc) + mins
+    for j in 0..N {
+        out[j] = hsum(acc[j]) + mins[j];
+    }
+}
+
+/// Quantizes `x` (whole 32-blocks) as ggml's AVX2 `quantize_row_q8_0`/`q8_1` do: scale
+/// 127 / max|x|, rounded half to even; pushes quants, scales (half-precision rounded) and, for
+/// Q8_1, scale × Σ quants.
+pub(super) fn quantize_q8(x: &[f32], qs: &mut Vec<i8>, d: &mut Vec<f32>, sums: Option<&mut Vec<f32>>) {
+    assert!(available(), "AVX2, FMA and F16C");
+    // SAFETY: the CPU has the features (asserted above).
+    unsafe { quantize_q8_avx2(x, qs, d, sums) }
+}
+
+#[target_feature(enable = "avx2,fma,f16c")]
+fn quantize_q8_avx2(x: &[f32], qs: &mut Vec<i8>, d: &mut Vec<f32>, mut sums: Option<&mut Vec<f32>>) {
+    let sign = _mm256_set1_ps(-0.0);
+    for b in x.chunks_exact(32) {
+        let v: [__m256; 4] = std::array::from_fn(|q| {
+            // SAFETY: `b` holds 32 floats; each load takes 8 of them, unaligned.
+            unsafe { _mm256_loadu_ps(b[8 * q..].as_ptr()) }
+        });
+        let mut m = _mm256_andnot_ps(sign, v[0]);
+        for vq in &v[1..] {
+            m = _mm256_max_ps(m, _mm256_andnot_ps(sign, *vq));
+        }
+        let m4 = _mm_max_ps(_mm256_extractf128_ps(m, 1), _mm256_castps256_ps128(m));
+        let m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
+        let amax = _mm_cvtss_f32(_mm_max_ss(m4, _mm_movehdup_ps(m4)));
+        let scale = amax / 127.0;
+        let id = _mm256_set1_ps(if amax != 0.0 { 127.0 / amax } else { 0.0 });
+        let mut sum = 0i32;
+        let mut out = [0i32; 32];
+        for (q, vq) in v.iter().enumerate() {
+            let r = _mm256_round_ps(_mm256_mul_ps(*vq, id), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+            let n = _mm256_cvtps_epi32(r);
+            // SAFETY: eight i32 into eight slots of `out`.
+            unsafe { _mm256_storeu_si256(out[8 * q..].as_mut_ptr().cast(), n) };
+        }
+        for n in out {
+            sum += n;
+            qs.push(n as i8);
+        }
+        let dh = _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtps_ph(_mm_set_ss(scale), _MM_FROUND_TO_NEAREST_INT)));
+        d.push(dh);
+        if let Some(s) = sums.as_deref_mut() {
+            let v = scale * sum as f32;
+            s.push(_mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtps_ph(_mm_set_ss(v), _MM_FROUND_TO_NEAREST_INT))));
+        }
+    }
 }
