@@ -5,6 +5,8 @@
 //! Logits are computed only for the rows that are sampled, as in vLLM: with a 32k vocabulary the
 //! output projection costs more than all layers of the tiny model together.
 
+use rayon::prelude::*;
+
 use super::{Executor, SeqStep};
 use crate::block_pool::BlockId;
 use crate::math::{gemm, rmsnorm, rope, softmax, swiglu, View};
@@ -152,38 +154,49 @@ impl LlamaExecutor {
         }
         let group = c.n_heads / c.n_kv_heads;
         let scale = 1.0 / (hs as f32).sqrt();
-        let mut scores = vec![0.0f32; n * ctx];
-        for h in 0..c.n_heads {
-            let kvh = h / group;
-            // scores = Q_h · K_hᵀ
-            gemm(
-                n,
-                hs,
-                ctx,
-                View { data: &q[h * hs..], rs: dim, cs: 1 },
-                View { data: &kc[kvh * hs..], rs: 1, cs: kv_dim },
-                &mut scores,
-                ctx,
-                0.0,
-            );
-            for i in 0..n {
-                let visible = start + i + 1;
-                let row = &mut scores[i * ctx..(i + 1) * ctx];
-                row[..visible].iter_mut().for_each(|s| *s *= scale);
-                softmax(&mut row[..visible]);
-                row[visible..].iter_mut().for_each(|s| *s = 0.0);
+        // Heads in parallel, each into its own `[n × hs]` output, then into the rows of `out`.
+        let heads: Vec<Vec<f32>> = (0..c.n_heads)
+            .into_par_iter()
+            .map(|h| {
+                let kvh = h / group;
+                let mut scores = vec![0.0f32; n * ctx];
+                // scores = Q_h · K_hᵀ
+                gemm(
+                    n,
+                    hs,
+                    ctx,
+                    View { data: &q[h * hs..], rs: dim, cs: 1 },
+                    View { data: &kc[kvh * hs..], rs: 1, cs: kv_dim },
+                    &mut scores,
+                    ctx,
+                    0.0,
+                );
+                for i in 0..n {
+                    let visible = start + i + 1;
+                    let row = &mut scores[i * ctx..(i + 1) * ctx];
+                    row[..visible].iter_mut().for_each(|s| *s *= scale);
+                    softmax(&mut row[..visible]);
+                    row[visible..].iter_mut().for_each(|s| *s = 0.0);
+                }
+                // out_h = P · V_h
+                let mut head = vec![0.0f32; n * hs];
+                gemm(
+                    n,
+                    ctx,
+                    hs,
+                    View { data: &scores, rs: ctx, cs: 1 },
+                    View { data: &vc[kvh * hs..], rs: kv_dim, cs: 1 },
+                    &mut head,
+                    hs,
+                    0.0,
+                );
+                head
+            })
+            .collect();
+        for (h, head) in heads.iter().enumerate() {
+            for (i, r) in head.chunks_exact(hs).enumerate() {
+                out[i * dim + h * hs..i * dim + (h + 1) * hs].copy_from_slice(r);
             }
-            // out_h = P · V_h
-            gemm(
-                n,
-                ctx,
-                hs,
-                View { data: &scores, rs: ctx, cs: 1 },
-                View { data: &vc[kvh * hs..], rs: kv_dim, cs: 1 },
-                &mut out[h * hs..],
-                dim,
-                0.0,
-            );
         }
     }
 }

@@ -118,34 +118,45 @@ pub fn matmul(out: &mut [f32], x: &[f32], t: usize, w: &QuantMatrix) {
     matmul_acts(out, &acts, t, w);
 }
 
-/// Weight rows per parallel task.
+/// Weight rows per parallel task when a few activation rows (decode) are split by weight rows.
 const ROWS_PER_TASK: usize = 16;
+/// Activation rows per parallel task when many (prefill) are split by activation rows.
+const TOKENS_PER_TASK: usize = 4;
 
 /// [`matmul`] with the activations already quantized (several matrices reading one input). The
-/// weight rows are split among the threads (rayon's pool); each row is read once per four
-/// activation rows.
+/// work is split among rayon's threads: by activation rows where there are many (each task
+/// streams the whole weight through its cache, four rows at a time), by weight rows where there
+/// are few (a decode step). Each weight block is unpacked once for up to four activation rows.
 pub fn matmul_acts(out: &mut [f32], acts: &Acts, t: usize, w: &QuantMatrix) {
     use rayon::prelude::*;
     assert!(out.len() >= t * w.rows, "matmul: output too small");
     assert_eq!(acts.cols, w.cols, "matmul: activations of another width");
     assert_eq!(acts.kind, dot::ActKind::of(w.ty), "matmul: activations quantized for another type");
+    let (kernel, rows) = (dot::kernel(w.ty), w.rows);
     if t == 0 {
         return;
     }
-    let kernel = dot::kernel(w.ty);
+    if t >= 2 * TOKENS_PER_TASK {
+        out[..t * rows].par_chunks_mut(TOKENS_PER_TASK * rows).enumerate().for_each(|(c, dst)| {
+            let (i0, n) = (c * TOKENS_PER_TASK, dst.len() / rows);
+            let mut products = [0.0f32; TOKENS_PER_TASK];
+            for r in 0..rows {
+                kernel(w.row(r), acts, i0, &mut products[..n]);
+                for (j, p) in products[..n].iter().enumerate() {
+                    dst[j * rows + r] = *p;
+                }
+            }
+        });
+        return;
+    }
     // Rows `r0..` into `dst`, `t` outputs per weight row.
     let task = |r0: usize, dst: &mut [f32]| {
         for (k, d) in dst.chunks_exact_mut(t).enumerate() {
-            let row = w.row(r0 + k);
-            let mut i = 0;
-            while i < t {
-                let n = (t - i).min(4);
-                kernel(row, acts, i, &mut d[i..i + n]);
-                i += n;
+            for (c, part) in d.chunks_mut(TOKENS_PER_TASK).enumerate() {
+                kernel(w.row(r0 + k), acts, c * TOKENS_PER_TASK, part);
             }
         }
     };
-    let rows = w.rows;
     if t == 1 {
         out[..rows].par_chunks_mut(ROWS_PER_TASK).enumerate().for_each(|(c, d)| task(c * ROWS_PER_TASK, d));
         return;

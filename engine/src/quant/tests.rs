@@ -78,7 +78,9 @@ fn quantized_formats_multiply_as_their_dequantized_weights() {
     let (rows, cols) = (5, 512);
     let w = values(rows * cols, 3);
     for ty in [GgmlType::Q8_0, GgmlType::Q4_0, GgmlType::Q4_1, GgmlType::F16, GgmlType::F32] {
-        check(&QuantMatrix::quantize(ty, rows, cols, &w), 6);
+        for t in [0, 1, 6, 11] {
+            check(&QuantMatrix::quantize(ty, rows, cols, &w), t);
+        }
     }
 }
 

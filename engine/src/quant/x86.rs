@@ -32,14 +32,6 @@ pub(super) fn kernel(ty: GgmlType) -> Option<Kernel> {
     }
 }
 
-/// Half → single precision by F16C.
-#[inline]
-#[target_feature(enable = "f16c")]
-fn h2f(b: &[u8], at: usize) -> f32 {
-    let h = u16::from_le_bytes([b[at], b[at + 1]]);
-    _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(i32::from(h))))
-}
-
 /// Σ of u8 × i8 products as eight i32 lanes, as floats.
 #[inline]
 #[target_feature(enable = "avx2")]
@@ -55,33 +47,6 @@ fn mul_sum_i8(x: __m256i, y: __m256i) -> __m256 {
     mul_sum_us8(_mm256_sign_epi8(x, x), _mm256_sign_epi8(y, x))
 }
 
-/// 16 bytes of packed nibbles → 32 bytes: low nibbles in the first half, high in the second.
-#[inline]
-#[target_feature(enable = "avx2")]
-fn nibbles(p: &[u8]) -> __m256i {
-    assert!(p.len() >= 16);
-    // SAFETY: 16 bytes are there (checked); the load is unaligned.
-    let tmp = unsafe { _mm_loadu_si128(p.as_ptr().cast()) };
-    let both = _mm256_set_m128i(_mm_srli_epi16(tmp, 4), tmp);
-    _mm256_and_si256(both, _mm256_set1_epi8(0xf))
-}
-
-#[inline]
-#[target_feature(enable = "avx2")]
-fn load32(x: &[i8]) -> __m256i {
-    assert!(x.len() >= 32);
-    // SAFETY: 32 bytes are there (checked); the load is unaligned.
-    unsafe { _mm256_loadu_si256(x.as_ptr().cast()) }
-}
-
-#[inline]
-#[target_feature(enable = "avx2")]
-fn load32u(x: &[u8]) -> __m256i {
-    assert!(x.len() >= 32);
-    // SAFETY: 32 bytes are there (checked); the load is unaligned.
-    unsafe { _mm256_loadu_si256(x.as_ptr().cast()) }
-}
-
 #[inline]
 #[target_feature(enable = "avx2")]
 fn hsum(v: __m256) -> f32 {
@@ -89,14 +54,6 @@ fn hsum(v: __m256) -> f32 {
     let s = _mm_add_ps(s, _mm_movehl_ps(s, s));
     let s = _mm_add_ss(s, _mm_movehdup_ps(s));
     _mm_cvtss_f32(s)
-}
-
-/// Activation row `i`'s quants, scales (and, for Q8_1, scaled sums) of a 32-block layout.
-#[inline]
-fn act_row(a: &Acts, i: usize) -> (&[i8], &[f32], &[f32]) {
-    let nb = a.cols / 32;
-    let sums = if a.sums.is_empty() { &[][..] } else { &a.sums[i * nb..(i + 1) * nb] };
-    (&a.qs[i * a.cols..(i + 1) * a.cols], &a.d[i * nb..(i + 1) * nb], sums)
 }
 
 /// Calls `$f::<N>` for `N = out.len()` (1 to 4): each row count gets its own unrolled kernel.
@@ -111,6 +68,53 @@ macro_rules! by_rows {
     };
 }
 
+/// Checks once what the unchecked reads of a kernel then rely on: `row` is whole blocks of
+/// `bytes` for the activations' width, and activation rows `i..i + n` are there (with their
+/// sums where `sums`). Returns the number of blocks.
+fn check(row: &[u8], bytes: usize, a: &Acts, i: usize, n: usize, sums: bool) -> usize {
+    let nb = a.cols / 32;
+    assert_eq!(row.len(), nb * bytes, "a weight row of the activations' width");
+    assert!((i + n) * a.cols <= a.qs.len() && (i + n) * nb <= a.d.len(), "activation rows");
+    assert!(!sums || (i + n) * nb <= a.sums.len(), "activation sums");
+    nb
+}
+
+/// 32 bytes at `p`, unaligned.
+///
+/// # Safety
+/// `p..p + 32` must be readable.
+#[inline]
+#[target_feature(enable = "avx2")]
+unsafe fn load(p: *const u8) -> __m256i {
+    // SAFETY: the caller's promise.
+    unsafe { _mm256_loadu_si256(p.cast()) }
+}
+
+/// 16 bytes of packed nibbles at `p` → 32 bytes: low nibbles first, then high.
+///
+/// # Safety
+/// `p..p + 16` must be readable.
+#[inline]
+#[target_feature(enable = "avx2")]
+unsafe fn nibbles_at(p: *const u8) -> __m256i {
+    // SAFETY: the caller's promise.
+    let tmp = unsafe { _mm_loadu_si128(p.cast()) };
+    let both = _mm256_set_m128i(_mm_srli_epi16(tmp, 4), tmp);
+    _mm256_and_si256(both, _mm256_set1_epi8(0xf))
+}
+
+/// The half at `p`, by F16C.
+///
+/// # Safety
+/// `p..p + 2` must be readable.
+#[inline]
+#[target_feature(enable = "f16c")]
+unsafe fn half_at(p: *const u8) -> f32 {
+    // SAFETY: the caller's promise; the read is unaligned.
+    let h = unsafe { p.cast::<u16>().read_unaligned() };
+    _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(i32::from(u16::from_le(h)))))
+}
+
 #[target_feature(enable = "avx2,fma,f16c")]
 fn q8_0(row: &[u8], a: &Acts, i: usize, out: &mut [f32]) {
     by_rows!(q8_0_n, row, a, i, out)
@@ -118,15 +122,20 @@ fn q8_0(row: &[u8], a: &Acts, i: usize, out: &mut [f32]) {
 
 #[target_feature(enable = "avx2,fma,f16c")]
 fn q8_0_n<const N: usize>(row: &[u8], a: &Acts, i: usize, out: &mut [f32]) {
-    let xs: [_; N] = std::array::from_fn(|j| act_row(a, i + j));
+    let nb = check(row, 34, a, i, N, false);
+    let (w, qs, ds) = (row.as_ptr(), a.qs.as_ptr().cast::<u8>(), a.d.as_ptr());
     let mut acc = [_mm256_setzero_ps(); N];
-    for (k, blk) in row.chunks_exact(34).enumerate() {
-        let dw = h2f(blk, 0);
-        let qw = load32u(&blk[2..34]);
-        for j in 0..N {
-            let (x, d, _) = xs[j];
-            let prod = mul_sum_i8(qw, load32(&x[32 * k..32 * k + 32]));
-            acc[j] = _mm256_fmadd_ps(_mm256_set1_ps(dw * d[k]), prod, acc[j]);
+    for k in 0..nb {
+        // SAFETY: `check` bounds block k of the row and of each activation row.
+        unsafe {
+            let blk = w.add(34 * k);
+            let dw = half_at(blk);
+            let qw = load(blk.add(2));
+            for j in 0..N {
+                let r = i + j;
+                let prod = mul_sum_i8(qw, load(qs.add(r * a.cols + 32 * k)));
+                acc[j] = _mm256_fmadd_ps(_mm256_set1_ps(dw * *ds.add(r * nb + k)), prod, acc[j]);
+            }
         }
     }
     for j in 0..N {
@@ -141,18 +150,23 @@ fn q4_0(row: &[u8], a: &Acts, i: usize, out: &mut [f32]) {
 
 #[target_feature(enable = "avx2,fma,f16c")]
 fn q4_0_n<const N: usize>(row: &[u8], a: &Acts, i: usize, out: &mut [f32]) {
-    let xs: [_; N] = std::array::from_fn(|j| act_row(a, i + j));
+    let nb = check(row, 18, a, i, N, false);
+    let (w, qs, ds) = (row.as_ptr(), a.qs.as_ptr().cast::<u8>(), a.d.as_ptr());
     let mut acc = [_mm256_setzero_ps(); N];
     let eight = _mm256_set1_epi8(8);
-    for (k, blk) in row.chunks_exact(18).enumerate() {
-        let dw = h2f(blk, 0);
-        let qw = _mm256_sub_epi8(nibbles(&blk[2..18]), eight);
-        // The weights' signs, moved onto each activation row in turn.
-        let aw = _mm256_sign_epi8(qw, qw);
-        for j in 0..N {
-            let (x, d, _) = xs[j];
-            let prod = mul_sum_us8(aw, _mm256_sign_epi8(load32(&x[32 * k..32 * k + 32]), qw));
-            acc[j] = _mm256_fmadd_ps(_mm256_set1_ps(dw * d[k]), prod, acc[j]);
+    for k in 0..nb {
+        // SAFETY: `check` bounds block k of the row and of each activation row.
+        unsafe {
+            let blk = w.add(18 * k);
+            let dw = half_at(blk);
+            let qw = _mm256_sub_epi8(nibbles_at(blk.add(2)), eight);
+            // The weights' signs, moved onto each activation row in turn.
+            let aw = _mm256_sign_epi8(qw, qw);
+            for j in 0..N {
+                let r = i + j;
+                let prod = mul_sum_us8(aw, _mm256_sign_epi8(load(qs.add(r * a.cols + 32 * k)), qw));
+                acc[j] = _mm256_fmadd_ps(_mm256_set1_ps(dw * *ds.add(r * nb + k)), prod, acc[j]);
+            }
         }
     }
     for j in 0..N {
@@ -167,18 +181,22 @@ fn q4_1(row: &[u8], a: &Acts, i: usize, out: &mut [f32]) {
 
 #[target_feature(enable = "avx2,fma,f16c")]
 fn q4_1_n<const N: usize>(row: &[u8], a: &Acts, i: usize, out: &mut [f32]) {
-    let xs: [_; N] = std::array::from_fn(|j| act_row(a, i + j));
+    let nb = check(row, 20, a, i, N, true);
+    let (w, qs, ds, ss) = (row.as_ptr(), a.qs.as_ptr().cast::<u8>(), a.d.as_ptr(), a.sums.as_ptr());
     let mut acc = [_mm256_setzero_ps(); N];
     let mut mins = [0.0f32; N];
-    for (k, blk) in row.chunks_exact(20).enumerate() {
-        let (dw, mw) = (h2f(blk, 0), h2f(blk, 2));
-        let qw = nibbles(&blk[4..20]);
-        let dwv = _mm256_set1_ps(dw);
-        for j in 0..N {
-            let (x, d, s) = xs[j];
-            mins[j] += mw * s[k];
-            let dd = _mm256_mul_ps(dwv, _mm256_set1_ps(d[k]));
-            acc[j] = _mm256_fmadd_ps(dd, mul_sum_us8(qw, load32(&x[32 * k..32 * k + 32])), acc[j]);
+    for k in 0..nb {
+        // SAFETY: `check` bounds block k of the row and of each activation row.
+        unsafe {
+            let blk = w.add(20 * k);
+            let (dw, mw) = (half_at(blk), half_at(blk.add(2)));
+            let qw = nibbles_at(blk.add(4));
+            for j in 0..N {
+                let r = i + j;
+                mins[j] += mw * *ss.add(r * nb + k);
+                let dd = _mm256_set1_ps(dw * *ds.add(r * nb + k));
+                acc[j] = _mm256_fmadd_ps(dd, mul_sum_us8(qw, load(qs.add(r * a.cols + 32 * k))), acc[j]);
+            }
         }
     }
     for j in 0..N {
