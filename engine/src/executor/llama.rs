@@ -42,13 +42,32 @@ impl KvCache {
 pub struct LlamaExecutor {
     w: Weights,
     cache: KvCache,
+    /// The threads a step's matrix products and attention heads are split over; the step itself
+    /// runs on one of them, so the engine thread does not sit beside them.
+    pool: rayon::ThreadPool,
 }
 
 impl LlamaExecutor {
+    /// An executor using every core.
     pub fn new(weights: Weights, num_blocks: usize, block_size: usize) -> LlamaExecutor {
+        let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+        LlamaExecutor::with_threads(weights, num_blocks, block_size, cores)
+    }
+
+    pub fn with_threads(
+        weights: Weights,
+        num_blocks: usize,
+        block_size: usize,
+        threads: usize,
+    ) -> LlamaExecutor {
         let c = &weights.cfg;
         let cache = KvCache::new(c.n_layers, num_blocks, block_size, c.kv_dim());
-        LlamaExecutor { w: weights, cache }
+        let pool = rayon::ThreadPoolBuilder::new()
+            .num_threads(threads.max(1))
+            .thread_name(|i| format!("engine-math-{i}"))
+            .build()
+            .expect("threads start");
+        LlamaExecutor { w: weights, cache, pool }
     }
 
     pub fn weights(&self) -> &Weights {
@@ -58,145 +77,207 @@ impl LlamaExecutor {
     /// The forward pass; returns the logits (`[rows × vocab]`) of the last token of each entry
     /// whose `want_logits` is set, in batch order.
     pub fn forward(&mut self, batch: &[(&[u32], usize, &[BlockId], bool)]) -> Vec<f32> {
-        let c = &self.w.cfg;
-        let (dim, kv_dim, hs, hidden) = (c.dim, c.kv_dim(), c.head_size(), c.hidden_dim);
-        let t: usize = batch.iter().map(|b| b.0.len()).sum();
-        let mut x = vec![0.0f32; t * dim];
-        let mut row = 0;
-        for (tokens, ..) in batch {
-            for &tok in *tokens {
-                let tok = (tok as usize).min(c.vocab_size - 1);
-                self.w.embed.row(tok, &mut x[row * dim..(row + 1) * dim]);
-                row += 1;
-            }
-        }
-        let mut xb = vec![0.0f32; t * dim];
-        let mut q = vec![0.0f32; t * dim];
-        let mut k = vec![0.0f32; t * kv_dim];
-        let mut v = vec![0.0f32; t * kv_dim];
-        let mut att = vec![0.0f32; t * dim];
-        let mut h1 = vec![0.0f32; t * hidden];
-        let mut h3 = vec![0.0f32; t * hidden];
-        for (l, lw) in self.w.layers.iter().enumerate() {
-            rmsnorm(&mut xb, &x, &lw.rms_att, dim, c.norm_eps);
-            lw.wq.matmul(&mut q, &xb, t);
-            lw.wk.matmul(&mut k, &xb, t);
-            lw.wv.matmul(&mut v, &xb, t);
-            // RoPE, then write this step's K/V into the pages of each sequence.
-            let mut r = 0;
-            for (tokens, start, table, _) in batch {
-                for i in 0..tokens.len() {
-                    let pos = start + i;
-                    let p = pos as f32 * c.rope_freq_scale;
-                    rope(&mut q[(r + i) * dim..(r + i + 1) * dim], p, hs, c.rope_theta);
-                    rope(&mut k[(r + i) * kv_dim..(r + i + 1) * kv_dim], p, hs, c.rope_theta);
-                    let s = self.cache.slot(table, pos);
-                    self.cache.k[l][s..s + kv_dim]
-                        .copy_from_slice(&k[(r + i) * kv_dim..(r + i + 1) * kv_dim]);
-                    self.cache.v[l][s..s + kv_dim]
-                        .copy_from_slice(&v[(r + i) * kv_dim..(r + i + 1) * kv_dim]);
-                }
-                r += tokens.len();
-            }
-            let mut r = 0;
-            for (tokens, start, table, _) in batch {
-                self.attention(l, &q[r * dim..], &mut att[r * dim..], tokens.len(), *start, table);
-                r += tokens.len();
-            }
-            lw.wo.matmul_add(&mut x, &att, t);
-            rmsnorm(&mut xb, &x, &lw.rms_ffn, dim, c.norm_eps);
-            lw.w1.matmul(&mut h1, &xb, t);
-            lw.w3.matmul(&mut h3, &xb, t);
-            swiglu(&mut h1, &h3);
-            lw.w2.matmul_add(&mut x, &h1, t);
-        }
-        // Final norm and output projection, only for the rows that are sampled.
-        let mut last_rows = Vec::new();
-        let mut r = 0;
-        for (tokens, _, _, want) in batch {
-            r += tokens.len();
-            if *want && !tokens.is_empty() {
-                last_rows.push(r - 1);
-            }
-        }
-        let n = last_rows.len();
-        let mut xf = vec![0.0f32; n * dim];
-        for (i, &r) in last_rows.iter().enumerate() {
-            rmsnorm(
-                &mut xf[i * dim..(i + 1) * dim],
-                &x[r * dim..(r + 1) * dim],
-                &self.w.rms_final,
-                dim,
-                c.norm_eps,
-            );
-        }
-        let mut logits = vec![0.0f32; n * c.vocab_size];
-        self.w.classifier().matmul(&mut logits, &xf, n);
-        logits
+        let LlamaExecutor { w, cache, pool } = self;
+        pool.install(|| compute(w, cache, batch))
     }
+}
 
-    /// Causal attention of `n` new query rows (at positions `start..start+n`) over positions
-    /// `0..start+n` of one sequence, read through its block table.
-    fn attention(&self, layer: usize, q: &[f32], out: &mut [f32], n: usize, start: usize, table: &[BlockId]) {
-        let c = &self.w.cfg;
-        let (dim, kv_dim, hs) = (c.dim, c.kv_dim(), c.head_size());
-        let ctx = start + n;
-        // Gather the sequence's K/V into contiguous rows, a block (16 positions) at a time.
-        let mut kc = vec![0.0f32; ctx * kv_dim];
-        let mut vc = vec![0.0f32; ctx * kv_dim];
-        let bs = self.cache.block_size;
-        for (bi, &block) in table.iter().enumerate().take(ctx.div_ceil(bs)) {
-            let p0 = bi * bs;
-            let len = (ctx - p0).min(bs) * kv_dim;
-            let s = block as usize * bs * kv_dim;
-            kc[p0 * kv_dim..p0 * kv_dim + len].copy_from_slice(&self.cache.k[layer][s..s + len]);
-            vc[p0 * kv_dim..p0 * kv_dim + len].copy_from_slice(&self.cache.v[layer][s..s + len]);
+/// The forward pass on the current thread pool.
+fn compute(w: &Weights, cache: &mut KvCache, batch: &[(&[u32], usize, &[BlockId], bool)]) -> Vec<f32> {
+    let c = &w.cfg;
+    let (dim, kv_dim, hs, hidden) = (c.dim, c.kv_dim(), c.head_size(), c.hidden_dim);
+    let t: usize = batch.iter().map(|b| b.0.len()).sum();
+    let mut x = vec![0.0f32; t * dim];
+    let mut row = 0;
+    for (tokens, ..) in batch {
+        for &tok in *tokens {
+            let tok = (tok as usize).min(c.vocab_size - 1);
+            w.embed.row(tok, &mut x[row * dim..(row + 1) * dim]);
+            row += 1;
         }
-        let group = c.n_heads / c.n_kv_heads;
-        let scale = 1.0 / (hs as f32).sqrt();
-        // Heads in parallel, each into its own `[n × hs]` output, then into the rows of `out`.
-        let heads: Vec<Vec<f32>> = (0..c.n_heads)
-            .into_par_iter()
-            .map(|h| {
-                let kvh = h / group;
-                let mut scores = vec![0.0f32; n * ctx];
-                // scores = Q_h · K_hᵀ
-                gemm(
-                    n,
-                    hs,
-                    ctx,
-                    View { data: &q[h * hs..], rs: dim, cs: 1 },
-                    View { data: &kc[kvh * hs..], rs: 1, cs: kv_dim },
-                    &mut scores,
-                    ctx,
-                    0.0,
-                );
-                for i in 0..n {
-                    let visible = start + i + 1;
-                    let row = &mut scores[i * ctx..(i + 1) * ctx];
-                    row[..visible].iter_mut().for_each(|s| *s *= scale);
-                    softmax(&mut row[..visible]);
-                    row[visible..].iter_mut().for_each(|s| *s = 0.0);
-                }
-                // out_h = P · V_h
-                let mut head = vec![0.0f32; n * hs];
-                gemm(
-                    n,
-                    ctx,
-                    hs,
-                    View { data: &scores, rs: ctx, cs: 1 },
-                    View { data: &vc[kvh * hs..], rs: kv_dim, cs: 1 },
-                    &mut head,
-                    hs,
-                    0.0,
-                );
-                head
-            })
-            .collect();
-        for (h, head) in heads.iter().enumerate() {
-            for (i, r) in head.chunks_exact(hs).enumerate() {
-                out[i * dim + h * hs..i * dim + (h + 1) * hs].copy_from_slice(r);
+    }
+    let mut xb = vec![0.0f32; t * dim];
+    let mut q = vec![0.0f32; t * dim];
+    let mut k = vec![0.0f32; t * kv_dim];
+    let mut v = vec![0.0f32; t * kv_dim];
+    let mut att = vec![0.0f32; t * dim];
+    let mut h1 = vec![0.0f32; t * hidden];
+    let mut h3 = vec![0.0f32; t * hidden];
+    for (l, lw) in w.layers.iter().enumerate() {
+        rmsnorm(&mut xb, &x, &lw.rms_att, dim, c.norm_eps);
+        lw.wq.matmul(&mut q, &xb, t);
+        lw.wk.matmul(&mut k, &xb, t);
+        lw.wv.matmul(&mut v, &xb, t);
+        // RoPE, then write this step's K/V into the pages of each sequence.
+        let mut r = 0;
+        for (tokens, start, table, _) in batch {
+            for i in 0..tokens.len() {
+                let pos = start + i;
+                let p = pos as f32 * c.rope_freq_scale;
+                rope(&mut q[(r + i) * dim..(r + i + 1) * dim], p, hs, c.rope_theta);
+                rope(&mut k[(r + i) * kv_dim..(r + i + 1) * kv_dim], p, hs, c.rope_theta);
+                let s = cache.slot(table, pos);
+                cache.k[l][s..s + kv_dim].copy_from_slice(&k[(r + i) * kv_dim..(r + i + 1) * kv_dim]);
+                cache.v[l][s..s + kv_dim].copy_from_slice(&v[(r + i) * kv_dim..(r + i + 1) * kv_dim]);
             }
+            r += tokens.len();
+        }
+        let mut r = 0;
+        for (tokens, start, table, _) in batch {
+            attention(w, cache, l, &q[r * dim..], &mut att[r * dim..], tokens.len(), *start, table);
+            r += tokens.len();
+        }
+        lw.wo.matmul_add(&mut x, &att, t);
+        rmsnorm(&mut xb, &x, &lw.rms_ffn, dim, c.norm_eps);
+        lw.w1.matmul(&mut h1, &xb, t);
+        lw.w3.matmul(&mut h3, &xb, t);
+        swiglu(&mut h1, &h3);
+        lw.w2.matmul_add(&mut x, &h1, t);
+    }
+    // Final norm and output projection, only for the rows that are sampled.
+    let mut last_rows = Vec::new();
+    let mut r = 0;
+    for (tokens, _, _, want) in batch {
+        r += tokens.len();
+        if *want && !tokens.is_empty() {
+            last_rows.push(r - 1);
+        }
+    }
+    let n = last_rows.len();
+    let mut xf = vec![0.0f32; n * dim];
+    for (i, &r) in last_rows.iter().enumerate() {
+        rmsnorm(&mut xf[i * dim..(i + 1) * dim], &x[r * dim..(r + 1) * dim], &w.rms_final, dim, c.norm_eps);
+    }
+    let mut logits = vec![0.0f32; n * c.vocab_size];
+    w.classifier().matmul(&mut logits, &xf, n);
+    logits
+}
+
+/// Query rows up to which attention reads K/V where they lie in the paged cache, with dot
+/// products (a decode step); above it, the sequence's K/V are gathered and multiplied by sgemm.
+const DIRECT_ROWS: usize = 4;
+
+/// [`attention`] for a few query rows: each head's scores and output from dot products over
+/// the cache's pages, nothing copied.
+#[allow(clippy::too_many_arguments)]
+fn attention_direct(
+    w: &Weights,
+    cache: &KvCache,
+    layer: usize,
+    q: &[f32],
+    out: &mut [f32],
+    n: usize,
+    start: usize,
+    table: &[BlockId],
+) {
+    let c = &w.cfg;
+    let (dim, hs) = (c.dim, c.head_size());
+    let group = c.n_heads / c.n_kv_heads;
+    let scale = 1.0 / (hs as f32).sqrt();
+    let (k, v) = (&cache.k[layer], &cache.v[layer]);
+    let heads: Vec<Vec<f32>> = (0..c.n_heads)
+        .into_par_iter()
+        .map(|h| {
+            let off = (h / group) * hs;
+            let mut head = vec![0.0f32; n * hs];
+            let mut scores = Vec::with_capacity(start + n);
+            for (i, o) in head.chunks_exact_mut(hs).enumerate() {
+                let qh = &q[i * dim + h * hs..i * dim + (h + 1) * hs];
+                scores.clear();
+                for p in 0..start + i + 1 {
+                    let s = cache.slot(table, p) + off;
+                    scores.push(qh.iter().zip(&k[s..s + hs]).map(|(a, b)| a * b).sum::<f32>() * scale);
+                }
+                softmax(&mut scores);
+                for (p, &weight) in scores.iter().enumerate() {
+                    let s = cache.slot(table, p) + off;
+                    o.iter_mut().zip(&v[s..s + hs]).for_each(|(o, v)| *o += weight * v);
+                }
+            }
+            head
+        })
+        .collect();
+    for (h, head) in heads.iter().enumerate() {
+        for (i, r) in head.chunks_exact(hs).enumerate() {
+            out[i * dim + h * hs..i * dim + (h + 1) * hs].copy_from_slice(r);
+        }
+    }
+}
+
+/// Causal attention of `n` new query rows (at positions `start..start+n`) over positions
+/// `0..start+n` of one sequence, read through its block table.
+#[allow(clippy::too_many_arguments)]
+fn attention(
+    w: &Weights,
+    cache: &KvCache,
+    layer: usize,
+    q: &[f32],
+    out: &mut [f32],
+    n: usize,
+    start: usize,
+    table: &[BlockId],
+) {
+    let c = &w.cfg;
+    let (dim, kv_dim, hs) = (c.dim, c.kv_dim(), c.head_size());
+    let ctx = start + n;
+    if n <= DIRECT_ROWS {
+        return attention_direct(w, cache, layer, q, out, n, start, table);
+    }
+    // Gather the sequence's K/V into contiguous rows, a block (16 positions) at a time.
+    let mut kc = vec![0.0f32; ctx * kv_dim];
+    let mut vc = vec![0.0f32; ctx * kv_dim];
+    let bs = cache.block_size;
+    for (bi, &block) in table.iter().enumerate().take(ctx.div_ceil(bs)) {
+        let p0 = bi * bs;
+        let len = (ctx - p0).min(bs) * kv_dim;
+        let s = block as usize * bs * kv_dim;
+        kc[p0 * kv_dim..p0 * kv_dim + len].copy_from_slice(&cache.k[layer][s..s + len]);
+        vc[p0 * kv_dim..p0 * kv_dim + len].copy_from_slice(&cache.v[layer][s..s + len]);
+    }
+    let group = c.n_heads / c.n_kv_heads;
+    let scale = 1.0 / (hs as f32).sqrt();
+    // Heads in parallel, each into its own `[n × hs]` output, then into the rows of `out`.
+    let heads: Vec<Vec<f32>> = (0..c.n_heads)
+        .into_par_iter()
+        .map(|h| {
+            let kvh = h / group;
+            let mut scores = vec![0.0f32; n * ctx];
+            // scores = Q_h · K_hᵀ
+            gemm(
+                n,
+                hs,
+                ctx,
+                View { data: &q[h * hs..], rs: dim, cs: 1 },
+                View { data: &kc[kvh * hs..], rs: 1, cs: kv_dim },
+                &mut scores,
+                ctx,
+                0.0,
+            );
+            for i in 0..n {
+                let visible = start + i + 1;
+                let row = &mut scores[i * ctx..(i + 1) * ctx];
+                row[..visible].iter_mut().for_each(|s| *s *= scale);
+                softmax(&mut row[..visible]);
+                row[visible..].iter_mut().for_each(|s| *s = 0.0);
+            }
+            // out_h = P · V_h
+            let mut head = vec![0.0f32; n * hs];
+            gemm(
+                n,
+                ctx,
+                hs,
+                View { data: &scores, rs: ctx, cs: 1 },
+                View { data: &vc[kvh * hs..], rs: kv_dim, cs: 1 },
+                &mut head,
+                hs,
+                0.0,
+            );
+            head
+        })
+        .collect();
+    for (h, head) in heads.iter().enumerate() {
+        for (i, r) in head.chunks_exact(hs).enumerate() {
+            out[i * dim + h * hs..i * dim + (h + 1) * hs].copy_from_slice(r);
         }
     }
 }

@@ -131,10 +131,10 @@ fn q8_0_n<const N: usize>(row: &[u8], a: &Acts, i: usize, out: &mut [f32]) {
             let blk = w.add(34 * k);
             let dw = half_at(blk);
             let qw = load(blk.add(2));
-            for j in 0..N {
+            for (j, acc) in acc.iter_mut().enumerate() {
                 let r = i + j;
                 let prod = mul_sum_i8(qw, load(qs.add(r * a.cols + 32 * k)));
-                acc[j] = _mm256_fmadd_ps(_mm256_set1_ps(dw * *ds.add(r * nb + k)), prod, acc[j]);
+                *acc = _mm256_fmadd_ps(_mm256_set1_ps(dw * *ds.add(r * nb + k)), prod, *acc);
             }
         }
     }
@@ -162,10 +162,10 @@ fn q4_0_n<const N: usize>(row: &[u8], a: &Acts, i: usize, out: &mut [f32]) {
             let qw = _mm256_sub_epi8(nibbles_at(blk.add(2)), eight);
             // The weights' signs, moved onto each activation row in turn.
             let aw = _mm256_sign_epi8(qw, qw);
-            for j in 0..N {
+            for (j, acc) in acc.iter_mut().enumerate() {
                 let r = i + j;
                 let prod = mul_sum_us8(aw, _mm256_sign_epi8(load(qs.add(r * a.cols + 32 * k)), qw));
-                acc[j] = _mm256_fmadd_ps(_mm256_set1_ps(dw * *ds.add(r * nb + k)), prod, acc[j]);
+                *acc = _mm256_fmadd_ps(_mm256_set1_ps(dw * *ds.add(r * nb + k)), prod, *acc);
             }
         }
     }
