@@ -35,6 +35,13 @@ pub struct Args {
     /// Scheduler token budget per step.
     #[arg(long, default_value_t = 512)]
     max_num_batched_tokens: usize,
+    /// Instead: start `warmpath-engine` and llama.cpp's `llama-server` on the same GGUF model
+    /// and measure both over HTTP side by side (see `engine_vs`).
+    #[arg(long)]
+    vs_llama_cpp: bool,
+    /// Threads each engine computes on (with `--vs-llama-cpp`).
+    #[arg(long, default_value_t = 2)]
+    threads: usize,
 }
 
 fn params(max_tokens: usize) -> SamplingParams {
@@ -78,6 +85,15 @@ async fn one(
 }
 
 pub async fn run(a: Args) -> anyhow::Result<()> {
+    if a.vs_llama_cpp {
+        let Some(path) = warmpath_wire::models::gguf_of(&a.model) else {
+            anyhow::bail!(
+                "--vs-llama-cpp needs a GGUF model (smollm2-135m-instruct or FILE.gguf), not {}",
+                a.model
+            )
+        };
+        return crate::engine_vs::run(&path, a.repeats, a.threads).await;
+    }
     let weights = match (ModelConfig::preset(&a.model), warmpath_wire::models::gguf_of(&a.model)) {
         (Some(cfg), _) => Weights::dummy(&cfg, 0)?,
         (None, Some(path)) => GgufModel::load(&path)?.weights,

@@ -3,6 +3,7 @@
 mod agent;
 mod compare;
 mod engine;
+mod engine_vs;
 mod fleet;
 mod load;
 mod overhead;

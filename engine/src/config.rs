@@ -84,6 +84,9 @@ pub struct EngineArgs {
     /// Largest request body accepted, in bytes (413 above).
     #[arg(long, default_value_t = 32 << 20)]
     pub max_body_bytes: usize,
+    /// Threads a step's matrix products and attention are split over (0: one per core).
+    #[arg(long, default_value_t = 0)]
+    pub threads: usize,
 
     /// sim: fixed cost of a step that prefills, in milliseconds.
     #[arg(long, default_value_t = 2.0)]

@@ -47,7 +47,15 @@ pub async fn launch(args: EngineArgs) -> anyhow::Result<EngineServer> {
             }
             let m = GgufModel::load(&path)?;
             tracing::info!(model = %m.name, params = m.weights.cfg.num_params(), bytes = m.weights.bytes(), "model loaded");
-            (Box::new(LlamaExecutor::new(m.weights, args.kv_blocks, args.block_size)), m.format)
+            (
+                Box::new(LlamaExecutor::with_threads(
+                    m.weights,
+                    args.kv_blocks,
+                    args.block_size,
+                    args.threads,
+                )),
+                m.format,
+            )
         }
         (ExecutorKind::Llama, source) => {
             let format = ChatFormat::builtin();
@@ -63,7 +71,10 @@ pub async fn launch(args: EngineArgs) -> anyhow::Result<EngineServer> {
                 format.tokenizer.vocab_size()
             );
             tracing::info!(params = weights.cfg.num_params(), "model loaded");
-            (Box::new(LlamaExecutor::new(weights, args.kv_blocks, args.block_size)), format)
+            (
+                Box::new(LlamaExecutor::with_threads(weights, args.kv_blocks, args.block_size, args.threads)),
+                format,
+            )
         }
     };
     let vocab_size = format.tokenizer.vocab_size();

@@ -50,10 +50,10 @@ pub struct LlamaExecutor {
 impl LlamaExecutor {
     /// An executor using every core.
     pub fn new(weights: Weights, num_blocks: usize, block_size: usize) -> LlamaExecutor {
-        let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
-        LlamaExecutor::with_threads(weights, num_blocks, block_size, cores)
+        LlamaExecutor::with_threads(weights, num_blocks, block_size, 0)
     }
 
+    /// An executor on `threads` threads (0: one per core).
     pub fn with_threads(
         weights: Weights,
         num_blocks: usize,
@@ -62,8 +62,12 @@ impl LlamaExecutor {
     ) -> LlamaExecutor {
         let c = &weights.cfg;
         let cache = KvCache::new(c.n_layers, num_blocks, block_size, c.kv_dim());
+        let threads = match threads {
+            0 => std::thread::available_parallelism().map_or(1, |n| n.get()),
+            n => n,
+        };
         let pool = rayon::ThreadPoolBuilder::new()
-            .num_threads(threads.max(1))
+            .num_threads(threads)
             .thread_name(|i| format!("engine-math-{i}"))
             .build()
             .expect("threads start");
