@@ -22,6 +22,9 @@ use http_body_util::{BodyExt, Full};
 use crate::stats::median;
 use crate::targets::{self, Target};
 
+/// A row of the table: its name, the figure, whether higher is better.
+type Row = (&'static str, fn(&Figures) -> f64, bool);
+
 /// What one server did.
 #[derive(Debug, Clone, Copy, Default)]
 struct Figures {
@@ -253,7 +256,7 @@ pub async fn run(file: &Path, repeats: usize, threads: usize) -> anyhow::Result<
         file.display()
     );
     let _ = writeln!(md, "| | warmpath-engine | llama.cpp | ratio |\n| --- | ---: | ---: | ---: |");
-    let rows: [(&str, fn(&Figures) -> f64, bool); 6] = [
+    let rows: [Row; 6] = [
         ("prefill, 512-token prompt (tokens/s)", |f| f.prefill, true),
         ("decode, 1 stream (tokens/s)", |f| f.decode_1, true),
         ("decode, 16 streams (tokens/s, all)", |f| f.decode_16, true),
