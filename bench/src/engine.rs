@@ -53,6 +53,7 @@ fn params(max_tokens: usize) -> SamplingParams {
         seed: None,
         stop_token_ids: Vec::new(),
         forced: Vec::new(),
+        speculative: None,
     }
 }
 
@@ -115,6 +116,7 @@ pub async fn run(a: Args) -> anyhow::Result<()> {
         max_num_seqs: a.concurrency.max(16),
         max_model_len: 8192,
         enable_prefix_caching: true,
+        spec: None,
     };
     let metrics = Arc::new(Metrics::new(&a.model, "bench", block_size, num_blocks, true));
     let engine = Arc::new(Engine::start(

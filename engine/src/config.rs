@@ -84,6 +84,12 @@ pub struct EngineArgs {
     /// Largest request body accepted, in bytes (413 above).
     #[arg(long, default_value_t = 32 << 20)]
     pub max_body_bytes: usize,
+    /// Speculative decoding for every request, as vLLM's JSON: `{"method": "ngram",
+    /// "num_speculative_tokens": 4, "prompt_lookup_max": 4, "prompt_lookup_min": 2}` (n-gram
+    /// prompt lookup; optional `"disable_by_batch_size"`). A request's `num_speculative_tokens`
+    /// overrides the count (0: off for it).
+    #[arg(long, value_parser = crate::spec::SpecConfig::parse)]
+    pub speculative_config: Option<crate::spec::SpecConfig>,
     /// Threads a step's matrix products and attention are split over (0: one per core).
     #[arg(long, default_value_t = 0)]
     pub threads: usize,

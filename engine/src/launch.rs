@@ -108,6 +108,7 @@ pub async fn launch(args: EngineArgs) -> anyhow::Result<EngineServer> {
         max_num_seqs: args.max_num_seqs,
         max_model_len: args.max_model_len,
         enable_prefix_caching: info.prefix_caching,
+        spec: args.speculative_config.clone(),
     };
     let engine = Arc::new(Engine::start(info, sched, executor, metrics, sink)?);
     let listener = server::bind(SocketAddr::new(args.host, args.port))

@@ -24,4 +24,5 @@ pub mod sampler;
 pub mod scheduler;
 pub mod script;
 pub mod server;
+pub mod spec;
 pub use launch::{launch, EngineServer};

@@ -28,6 +28,10 @@ pub struct Metrics {
     generation_tokens: prometheus::Counter,
     preemptions: prometheus::Counter,
     busy: prometheus::Counter,
+    spec_drafts: prometheus::Counter,
+    spec_draft_tokens: prometheus::Counter,
+    spec_accepted: prometheus::Counter,
+    spec_accepted_per_pos: CounterVec,
     success: CounterVec,
     ttft: prometheus::Histogram,
     itl: prometheus::Histogram,
@@ -99,6 +103,14 @@ impl Metrics {
             &["model_name", "engine", "finished_reason"],
         )?;
         registry.register(Box::new(success.clone()))?;
+        let spec_accepted_per_pos = CounterVec::new(
+            Opts::new(
+                "vllm:spec_decode_num_accepted_tokens_per_pos_total",
+                "Accepted speculative tokens, by position within their proposal",
+            ),
+            &["model_name", "engine", "position"],
+        )?;
+        registry.register(Box::new(spec_accepted_per_pos.clone()))?;
         Ok(Metrics {
             running: gauge("vllm:num_requests_running", "Number of requests in model execution batches")?,
             waiting: gauge("vllm:num_requests_waiting", "Number of requests waiting to be processed")?,
@@ -119,6 +131,19 @@ impl Metrics {
                 "warmpath_engine_busy_seconds_total",
                 "Seconds spent executing scheduler steps (its rate is the engine's busy fraction)",
             )?,
+            spec_drafts: counter(
+                "vllm:spec_decode_num_drafts_total",
+                "Number of speculative proposals verified",
+            )?,
+            spec_draft_tokens: counter(
+                "vllm:spec_decode_num_draft_tokens_total",
+                "Number of proposed tokens",
+            )?,
+            spec_accepted: counter(
+                "vllm:spec_decode_num_accepted_tokens_total",
+                "Number of accepted proposed tokens",
+            )?,
+            spec_accepted_per_pos,
             ttft: histogram("vllm:time_to_first_token_seconds", "Time to first token in seconds")?,
             itl: histogram("vllm:inter_token_latency_seconds", "Inter-token latency in seconds")?,
             e2e: histogram("vllm:e2e_request_latency_seconds", "End-to-end request latency in seconds")?,
@@ -149,6 +174,14 @@ impl Metrics {
         self.prompt_tokens.inc_by(s.prompt_tokens as f64);
         self.generation_tokens.inc_by(s.generation_tokens as f64);
         self.preemptions.inc_by(s.preemptions as f64);
+        self.spec_drafts.inc_by(s.spec_drafts as f64);
+        self.spec_draft_tokens.inc_by(s.spec_draft_tokens as f64);
+        self.spec_accepted.inc_by(s.spec_accepted_tokens as f64);
+        for (pos, &n) in s.spec_accepted_per_pos.iter().enumerate() {
+            self.spec_accepted_per_pos
+                .with_label_values(&[self.model_name.as_str(), self.engine.as_str(), &pos.to_string()])
+                .inc_by(n as f64);
+        }
     }
 
     /// Time one scheduler step took.
@@ -189,7 +222,15 @@ mod tests {
     fn renders_vllm_names_with_labels() {
         let m = Metrics::new("tiny", "0", 16, 128, true);
         m.set_state(2, 1, 0.25);
-        m.add_stats(&StepStats { prefix_queries: 100, prefix_hits: 40, ..Default::default() });
+        m.add_stats(&StepStats {
+            prefix_queries: 100,
+            prefix_hits: 40,
+            spec_drafts: 3,
+            spec_draft_tokens: 9,
+            spec_accepted_tokens: 4,
+            spec_accepted_per_pos: vec![3, 1],
+            ..Default::default()
+        });
         let t = FinishTimings {
             queue: Duration::from_millis(1),
             prefill: Duration::from_millis(2),
@@ -206,6 +247,10 @@ mod tests {
             r#"vllm:request_success_total{engine="0",finished_reason="length",model_name="tiny"} 1"#,
             r#"vllm:cache_config_info{block_size="16",enable_prefix_caching="True",engine="0",model_name="tiny",num_gpu_blocks="128"} 1"#,
             "vllm:e2e_request_latency_seconds_count",
+            r#"vllm:spec_decode_num_drafts_total{engine="0",model_name="tiny"} 3"#,
+            r#"vllm:spec_decode_num_draft_tokens_total{engine="0",model_name="tiny"} 9"#,
+            r#"vllm:spec_decode_num_accepted_tokens_total{engine="0",model_name="tiny"} 4"#,
+            r#"vllm:spec_decode_num_accepted_tokens_per_pos_total{engine="0",model_name="tiny",position="1"} 1"#,
         ] {
             assert!(text.contains(want), "missing {want} in\n{text}");
         }

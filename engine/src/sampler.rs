@@ -54,46 +54,93 @@ impl Sampler {
         if self.is_greedy() {
             return argmax(logits);
         }
+        self.distribution(logits);
+        self.draw(logits)
+    }
+
+    /// Verifies proposed tokens: `logits` holds `drafts.len() + 1` rows, row `i` the logits
+    /// after the sequence's known tokens and `drafts[..i]` (overwritten as scratch space).
+    /// Returns the drafts' prefix that is kept and one token more: under greedy sampling, what
+    /// decoding one token at a time would have produced; otherwise each draft is kept with
+    /// the probability the request's distribution gives it, and the token after the last kept
+    /// one is drawn from that distribution without the rejected draft (rejection sampling with
+    /// a proposal that is certain of its token), so outputs follow the request's distribution.
+    pub fn verify(&mut self, logits: &mut [f32], drafts: &[u32]) -> Vec<u32> {
+        let vocab = logits.len() / (drafts.len() + 1);
+        let mut out = Vec::with_capacity(drafts.len() + 1);
+        for (row, &draft) in logits.chunks_exact_mut(vocab).zip(drafts) {
+            if self.is_greedy() {
+                let t = argmax(row);
+                out.push(t);
+                if t != draft {
+                    return out;
+                }
+                continue;
+            }
+            self.distribution(row);
+            let p = row.get(draft as usize).copied().unwrap_or(0.0);
+            if self.rng.next_f32() < p {
+                out.push(draft);
+                continue;
+            }
+            // Rejected: the residual max(p - q, 0) with q certain of `draft` is p without it.
+            if let Some(x) = row.get_mut(draft as usize) {
+                *x = 0.0;
+            }
+            out.push(self.draw(row));
+            return out;
+        }
+        let last = &mut logits[drafts.len() * vocab..];
+        out.push(self.sample(last));
+        out
+    }
+
+    /// Turns `logits` into the request's distribution in place: softmax at its temperature,
+    /// zero outside the top-p nucleus (the smallest set of most likely tokens whose mass
+    /// reaches top_p). Not normalised: [`Self::draw`] scales by the sum.
+    fn distribution(&self, logits: &mut [f32]) {
         let max = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max);
         let mut sum = 0.0f32;
         for l in logits.iter_mut() {
             *l = ((*l - max) / self.temperature).exp();
             sum += *l;
         }
-        let r = self.rng.next_f32();
-        if self.top_p >= 1.0 {
-            let mut acc = 0.0;
-            let target = r * sum;
-            for (i, p) in logits.iter().enumerate() {
-                acc += p;
-                if acc > target {
-                    return i as u32;
+        if self.top_p < 1.0 {
+            let mut order: Vec<u32> = (0..logits.len() as u32).collect();
+            order.sort_unstable_by(|&a, &b| logits[b as usize].total_cmp(&logits[a as usize]));
+            let cutoff = self.top_p * sum;
+            let mut kept = 0.0;
+            let mut n = 0;
+            for &i in &order {
+                kept += logits[i as usize];
+                n += 1;
+                if kept >= cutoff {
+                    break;
                 }
             }
-            return argmax(logits);
-        }
-        // Nucleus: the smallest set of most likely tokens whose mass reaches top_p.
-        let mut order: Vec<u32> = (0..logits.len() as u32).collect();
-        order.sort_unstable_by(|&a, &b| logits[b as usize].total_cmp(&logits[a as usize]));
-        let cutoff = self.top_p * sum;
-        let mut kept = 0.0;
-        let mut n = 0;
-        for &i in &order {
-            kept += logits[i as usize];
-            n += 1;
-            if kept >= cutoff {
-                break;
+            for &i in &order[n..] {
+                logits[i as usize] = 0.0;
             }
         }
-        let target = r * kept;
+        // Normalised so that a draft's acceptance probability reads straight off it.
+        let total: f32 = logits.iter().sum();
+        if total > 0.0 {
+            logits.iter_mut().for_each(|l| *l /= total);
+        }
+    }
+
+    /// Draws a token from unnormalised weights.
+    fn draw(&mut self, weights: &[f32]) -> u32 {
+        let total: f32 = weights.iter().sum();
+        let target = self.rng.next_f32() * total;
         let mut acc = 0.0;
-        for &i in &order[..n] {
-            acc += logits[i as usize];
+        for (i, &p) in weights.iter().enumerate() {
+            acc += p;
             if acc > target {
-                return i;
+                return i as u32;
             }
         }
-        order[0]
+        argmax(weights)
     }
 }
 
@@ -145,6 +192,35 @@ mod tests {
         let mut s = Sampler::new(1.0, 0.5, Some(7));
         for _ in 0..200 {
             assert_eq!(s.sample(&mut logits.clone()), 0);
+        }
+    }
+
+    #[test]
+    fn greedy_verification_keeps_the_agreeing_prefix_and_its_own_next_token() {
+        let mut s = Sampler::new(0.0, 1.0, None);
+        // Rows' argmaxes: 2, 1, 3.
+        let rows = [0.0, 0.0, 5.0, 0.0, 0.0, 5.0, 0.0, 0.0, 0.0, 0.0, 0.0, 5.0];
+        assert_eq!(s.verify(&mut rows.clone(), &[2, 1]), vec![2, 1, 3], "all kept, plus the bonus");
+        assert_eq!(s.verify(&mut rows.clone(), &[2, 0]), vec![2, 1], "second rejected, replaced");
+        assert_eq!(s.verify(&mut rows.clone(), &[0, 1]), vec![2], "first rejected");
+        assert_eq!(s.verify(&mut rows[..4].to_vec(), &[]), vec![2], "no drafts: one sampled token");
+    }
+
+    #[test]
+    fn sampled_verification_preserves_the_distribution() {
+        // One position, vocabulary of 3 with probabilities .5/.3/.2; the draft always proposes 1.
+        // Accepted with p(1) = .3, otherwise drawn from {0: .5, 2: .2} renormalised: the first
+        // token's distribution must stay .5/.3/.2.
+        let logits = [0.5f32.ln(), 0.3f32.ln(), 0.2f32.ln(), 0.0, 0.0, 0.0];
+        let mut s = Sampler::new(1.0, 1.0, Some(11));
+        let mut counts = [0usize; 3];
+        let n = 40_000;
+        for _ in 0..n {
+            counts[s.verify(&mut logits.clone(), &[1])[0] as usize] += 1;
+        }
+        for (c, p) in counts.iter().zip([0.5, 0.3, 0.2]) {
+            let f = *c as f64 / n as f64;
+            assert!((f - p).abs() < 0.01, "frequency {f} for probability {p}: {counts:?}");
         }
     }
 

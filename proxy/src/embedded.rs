@@ -41,6 +41,7 @@ fn engine_args(e: &EmbeddedConfig, served_name: Option<&str>, id: usize) -> Engi
     a.max_num_seqs = e.max_num_seqs;
     a.max_model_len = e.max_model_len;
     a.engine_id = id.to_string();
+    a.speculative_config = e.speculative.clone();
     if e.kv_events {
         a.kv_events_endpoint = Some("tcp://127.0.0.1:0".to_owned());
         a.kv_events_replay_endpoint = Some("tcp://127.0.0.1:0".to_owned());

@@ -78,16 +78,16 @@ impl LlamaExecutor {
         &self.w
     }
 
-    /// The forward pass; returns the logits (`[rows × vocab]`) of the last token of each entry
-    /// whose `want_logits` is set, in batch order.
-    pub fn forward(&mut self, batch: &[(&[u32], usize, &[BlockId], bool)]) -> Vec<f32> {
+    /// The forward pass over entries `(tokens, start position, block table, rows)`; returns the
+    /// logits (`[rows × vocab]`) of the last `rows` tokens of each entry, in batch order.
+    pub fn forward(&mut self, batch: &[(&[u32], usize, &[BlockId], usize)]) -> Vec<f32> {
         let LlamaExecutor { w, cache, pool } = self;
         pool.install(|| compute(w, cache, batch))
     }
 }
 
 /// The forward pass on the current thread pool.
-fn compute(w: &Weights, cache: &mut KvCache, batch: &[(&[u32], usize, &[BlockId], bool)]) -> Vec<f32> {
+fn compute(w: &Weights, cache: &mut KvCache, batch: &[(&[u32], usize, &[BlockId], usize)]) -> Vec<f32> {
     let c = &w.cfg;
     let (dim, kv_dim, hs, hidden) = (c.dim, c.kv_dim(), c.head_size(), c.hidden_dim);
     let t: usize = batch.iter().map(|b| b.0.len()).sum();
@@ -143,9 +143,7 @@ fn compute(w: &Weights, cache: &mut KvCache, batch: &[(&[u32], usize, &[BlockId]
     let mut r = 0;
     for (tokens, _, _, want) in batch {
         r += tokens.len();
-        if *want && !tokens.is_empty() {
-            last_rows.push(r - 1);
-        }
+        last_rows.extend(r - want.min(&tokens.len())..r);
     }
     let n = last_rows.len();
     let mut xf = vec![0.0f32; n * dim];
@@ -291,17 +289,29 @@ impl Executor for LlamaExecutor {
         "llama"
     }
 
-    fn execute(&mut self, batch: &mut [SeqStep<'_>]) -> Vec<Option<u32>> {
-        let inputs: Vec<(&[u32], usize, &[BlockId], bool)> =
-            batch.iter().map(|s| (s.tokens, s.start_pos, s.block_table, s.sampler.is_some())).collect();
+    fn execute(&mut self, batch: &mut [SeqStep<'_>]) -> Vec<Vec<u32>> {
+        let inputs: Vec<(&[u32], usize, &[BlockId], usize)> = batch
+            .iter()
+            .map(|s| {
+                let rows = if s.sampler.is_some() { (s.num_draft + 1).min(s.tokens.len()) } else { 0 };
+                (s.tokens, s.start_pos, s.block_table, rows)
+            })
+            .collect();
         let mut logits = self.forward(&inputs);
         let vocab = self.w.cfg.vocab_size;
-        let mut rows = logits.chunks_exact_mut(vocab);
+        let mut rest = logits.as_mut_slice();
         batch
             .iter_mut()
-            .map(|s| match (&mut s.sampler, s.tokens.is_empty()) {
-                (Some(sampler), false) => rows.next().map(|l| sampler.sample(l)),
-                _ => None,
+            .zip(&inputs)
+            .map(|(s, &(.., rows))| {
+                let (mine, after) = std::mem::take(&mut rest).split_at_mut(rows * vocab);
+                rest = after;
+                match &mut s.sampler {
+                    Some(sampler) if rows > 0 => {
+                        sampler.verify(mine, &s.tokens[s.tokens.len() - (rows - 1)..])
+                    }
+                    _ => Vec::new(),
+                }
             })
             .collect()
     }
@@ -392,9 +402,9 @@ mod tests {
         let table: Vec<BlockId> = vec![9, 2, 14, 0, 7, 11, 3, 5, 12, 1];
         let other_table: Vec<BlockId> = vec![4, 6];
         let other: Vec<u32> = vec![5, 6, 7, 8, 9];
-        ex.forward(&[(&tokens[..10], 0, &table, false), (&other, 0, &other_table, true)]);
-        ex.forward(&[(&tokens[10..25], 10, &table, false)]);
-        let got = ex.forward(&[(&other[..0], 5, &other_table, false), (&tokens[25..], 25, &table, true)]);
+        ex.forward(&[(&tokens[..10], 0, &table, 0), (&other, 0, &other_table, 1)]);
+        ex.forward(&[(&tokens[10..25], 10, &table, 0)]);
+        let got = ex.forward(&[(&other[..0], 5, &other_table, 0), (&tokens[25..], 25, &table, 1)]);
         assert_close(&got, &want);
     }
 
@@ -404,10 +414,25 @@ mod tests {
         let tokens: Vec<u32> = (0..20).map(|i| (i * 7 % 97) as u32).collect();
         let mut ex = LlamaExecutor::new(w.clone(), 8, 16);
         let table: Vec<BlockId> = vec![3, 1];
-        ex.forward(&[(&tokens[..12], 0, &table, false)]);
+        ex.forward(&[(&tokens[..12], 0, &table, 0)]);
         for p in 12..20 {
-            let got = ex.forward(&[(&tokens[p..p + 1], p, &table, true)]);
+            let got = ex.forward(&[(&tokens[p..p + 1], p, &table, 1)]);
             assert_close(&got, &reference_logits(&w, &tokens[..=p]));
+        }
+    }
+
+    #[test]
+    fn a_step_returns_the_logits_of_each_of_its_last_rows() {
+        // A verification step: positions 12..17 computed at once, logits for the last 4.
+        let w = small();
+        let tokens: Vec<u32> = (0..17).map(|i| (i * 5 % 97) as u32).collect();
+        let mut ex = LlamaExecutor::new(w.clone(), 8, 16);
+        let table: Vec<BlockId> = vec![2, 5];
+        ex.forward(&[(&tokens[..12], 0, &table, 0)]);
+        let got = ex.forward(&[(&tokens[12..], 12, &table, 4)]);
+        let vocab = w.cfg.vocab_size;
+        for (i, p) in (13..17).enumerate() {
+            assert_close(&got[i * vocab..(i + 1) * vocab], &reference_logits(&w, &tokens[..=p]));
         }
     }
 
@@ -417,7 +442,7 @@ mod tests {
         let a: Vec<u32> = (0..9).collect();
         let b: Vec<u32> = (20..31).collect();
         let mut ex = LlamaExecutor::new(w.clone(), 8, 4);
-        let got = ex.forward(&[(&a, 0, &[0, 1, 2], true), (&b, 0, &[3, 4, 5], true)]);
+        let got = ex.forward(&[(&a, 0, &[0, 1, 2], 1), (&b, 0, &[3, 4, 5], 1)]);
         let vocab = w.cfg.vocab_size;
         assert_close(&got[..vocab], &reference_logits(&w, &a));
         assert_close(&got[vocab..], &reference_logits(&w, &b));

@@ -19,7 +19,10 @@ pub struct SeqStep<'a> {
     pub start_pos: usize,
     /// The sequence's blocks, covering at least `start_pos + tokens.len()` positions.
     pub block_table: &'a [BlockId],
-    /// Set when the last of `tokens` is the last known token: sample the next one.
+    /// The last `num_draft` of `tokens` are proposed, not known: verify them
+    /// ([`Sampler::verify`]) with the logits of the last `num_draft + 1` positions.
+    pub num_draft: usize,
+    /// Set when the last of `tokens` is the last known (or proposed) token: sample the next one.
     pub sampler: Option<&'a mut Sampler>,
 }
 
@@ -28,6 +31,7 @@ pub trait Executor: Send {
     /// `llama` or `sim`, reported in logs and metrics.
     fn name(&self) -> &'static str;
 
-    /// Runs one step; returns, per entry, the sampled token when its `sampler` was set.
-    fn execute(&mut self, batch: &mut [SeqStep<'_>]) -> Vec<Option<u32>>;
+    /// Runs one step; returns, per entry, the tokens sampled when its `sampler` was set (the
+    /// proposals kept and one more), else none.
+    fn execute(&mut self, batch: &mut [SeqStep<'_>]) -> Vec<Vec<u32>>;
 }

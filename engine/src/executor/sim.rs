@@ -65,7 +65,9 @@ impl Executor for SimExecutor {
         "sim"
     }
 
-    fn execute(&mut self, batch: &mut [SeqStep<'_>]) -> Vec<Option<u32>> {
+    /// Proposals are computed (their time counted) but never kept: the timing model has no
+    /// text to agree with.
+    fn execute(&mut self, batch: &mut [SeqStep<'_>]) -> Vec<Vec<u32>> {
         let decodes =
             batch.iter().filter(|s| s.tokens.len() == 1 && s.start_pos > 0 && s.sampler.is_some()).count();
         let prefill: usize = batch.iter().map(|s| s.tokens.len()).sum::<usize>() - decodes;
@@ -74,16 +76,19 @@ impl Executor for SimExecutor {
         batch
             .iter_mut()
             .map(|s| {
-                let sampler = s.sampler.as_deref_mut()?;
-                let last = *s.tokens.last()? as u64;
-                let pos = (s.start_pos + s.tokens.len()) as u64;
+                let Some(sampler) = s.sampler.as_deref_mut() else { return Vec::new() };
+                let Some(&last) = s.tokens.get(s.tokens.len().wrapping_sub(1 + s.num_draft)) else {
+                    return Vec::new();
+                };
+                let last = last as u64;
+                let pos = (s.start_pos + s.tokens.len() - s.num_draft) as u64;
                 // Greedy: a fixed function of context; otherwise the request's own RNG.
                 let r = if sampler.is_greedy() {
                     Rng::new(last.wrapping_mul(0x9E37_79B9).wrapping_add(pos)).next_u64()
                 } else {
                     sampler.rng().next_u64()
                 };
-                Some((r % vocab as u64) as u32)
+                vec![(r % vocab as u64) as u32]
             })
             .collect()
     }

@@ -4,6 +4,11 @@
 //! continuous batching and chunked prefill. When a running sequence needs a block and none is
 //! free, the most recently admitted sequence is preempted: its blocks are freed and it will be
 //! recomputed (mostly from the prefix cache) when readmitted.
+//!
+//! With speculative decoding on (`--speculative-config`, or a request's
+//! `num_speculative_tokens`), a decoding sequence's step also carries the tokens its
+//! [`Drafter`] proposes, when the budget and free blocks allow them without preempting anyone;
+//! after the step only what the sampler kept counts as computed.
 
 mod sequence;
 
@@ -15,6 +20,7 @@ use warmpath_wire::prefix::extend_block_hashes;
 
 use crate::block_pool::BlockPool;
 use crate::executor::{Executor, SeqStep};
+use crate::spec::{Drafter, SpecConfig, MAX_SPECULATIVE_TOKENS};
 pub use sequence::{FinishTimings, SamplingParams, SeqOutput, Sequence, StepStats};
 
 /// Limits of the scheduler.
@@ -25,6 +31,8 @@ pub struct SchedulerConfig {
     pub max_model_len: usize,
     /// Look up and register prefix blocks (vLLM's `enable_prefix_caching`).
     pub enable_prefix_caching: bool,
+    /// Speculative decoding for every request that does not say otherwise.
+    pub spec: Option<SpecConfig>,
 }
 
 /// Scheduler state: queues and the block pool.
@@ -61,7 +69,18 @@ impl Scheduler {
         self.running.is_empty() && self.waiting.is_empty()
     }
 
-    pub fn add(&mut self, seq: Sequence) {
+    pub fn add(&mut self, mut seq: Sequence) {
+        let spec = match (seq.params.speculative, &self.cfg.spec) {
+            (Some(0), _) => None,
+            (Some(k), server) => {
+                let mut c = server.clone().unwrap_or_else(|| SpecConfig::with_tokens(k));
+                c.num_speculative_tokens = k.min(MAX_SPECULATIVE_TOKENS);
+                Some(c)
+            }
+            (None, server) => server.clone(),
+        };
+        // Scripted outputs (a test hook) are not the model's: nothing to verify against.
+        seq.drafter = spec.filter(|_| seq.params.forced.is_empty()).map(Drafter::new);
         self.waiting.push_back(seq);
     }
 
@@ -105,6 +124,7 @@ impl Scheduler {
                         tokens: &s.tokens[s.num_computed..end],
                         start_pos: s.num_computed,
                         block_table: &s.block_table,
+                        num_draft: s.num_draft,
                         sampler: done.then_some(&mut s.sampler),
                     }
                 })
@@ -120,7 +140,16 @@ impl Scheduler {
         let mut budget = self.cfg.max_num_batched_tokens;
         let mut preempted = false;
         let mut i = 0;
+        let drafting = self
+            .cfg
+            .spec
+            .as_ref()
+            .and_then(|c| c.disable_by_batch_size)
+            .is_none_or(|m| self.running.len() <= m);
         while i < self.running.len() && budget > 0 {
+            if drafting {
+                self.propose(i, budget);
+            }
             let need = self.running[i].tokens.len() - self.running[i].num_computed;
             let n = need.min(budget);
             let want_blocks = (self.running[i].num_computed + n).div_ceil(bs);
@@ -199,7 +228,34 @@ impl Scheduler {
         self.cfg.max_num_batched_tokens - budget
     }
 
+    /// Appends the proposals of running sequence `i` to its tokens when it is decoding (one
+    /// token to compute) and its drafter has any that fit the budget, its limits and the
+    /// blocks free now (proposals never preempt anyone).
+    fn propose(&mut self, i: usize, budget: usize) {
+        let bs = self.pool.block_size();
+        let max_model_len = self.cfg.max_model_len;
+        // Each sequence after this one may need a block for its own token.
+        let free = self.pool.num_free().saturating_sub(self.running.len() - i - 1);
+        let s = &mut self.running[i];
+        let num_output = s.num_output();
+        if s.drafter.is_none() || s.tokens.len() != s.num_computed + 1 || num_output == 0 {
+            return;
+        }
+        // Room: the step budget, the request's remaining tokens (the step also yields one
+        // token of its own), the context length, and the blocks free without preemption.
+        let room_blocks = (s.block_table.len() + free) * bs;
+        let limit = (budget - 1)
+            .min(s.params.max_tokens.saturating_sub(num_output + 1))
+            .min(max_model_len.saturating_sub(s.tokens.len() + 1))
+            .min(room_blocks.saturating_sub(s.tokens.len()));
+        let Some(drafter) = s.drafter.as_mut() else { return };
+        let drafts = drafter.propose(&s.tokens, limit).to_vec();
+        s.num_draft = drafts.len();
+        s.tokens.extend(drafts);
+    }
+
     fn preempt(&mut self, mut seq: Sequence) {
+        seq.take_drafts();
         self.pool.free(&seq.block_table);
         seq.block_table.clear();
         seq.num_computed = 0;
@@ -209,7 +265,7 @@ impl Scheduler {
         self.waiting.push_front(seq);
     }
 
-    fn update(&mut self, sampled: Vec<Option<u32>>) -> Vec<SeqOutput> {
+    fn update(&mut self, sampled: Vec<Vec<u32>>) -> Vec<SeqOutput> {
         let bs = self.pool.block_size();
         let now = Instant::now();
         let mut sampled = sampled.into_iter();
@@ -219,8 +275,74 @@ impl Scheduler {
             if s.num_scheduled == 0 {
                 continue;
             }
-            s.num_computed += s.num_scheduled;
+            let drafts = s.take_drafts();
+            // Proposals count as computed only where they are kept (below).
+            s.num_computed += s.num_scheduled - drafts.len();
             s.num_scheduled = 0;
+            let tokens = sampled.next().unwrap_or_default();
+            let kept = tokens.len().saturating_sub(1);
+            if !drafts.is_empty() {
+                debug_assert_eq!(&tokens[..kept], &drafts[..kept], "kept proposals are the proposals");
+                let st = &mut self.stats;
+                st.spec_drafts += 1;
+                st.spec_draft_tokens += drafts.len() as u64;
+                st.spec_accepted_tokens += kept as u64;
+                if st.spec_accepted_per_pos.len() < kept {
+                    st.spec_accepted_per_pos.resize(kept, 0);
+                }
+                st.spec_accepted_per_pos[..kept].iter_mut().for_each(|n| *n += 1);
+                if let Some(d) = s.drafter.as_mut() {
+                    d.record(drafts.len(), kept);
+                }
+            }
+            let mut pushed = 0;
+            for (j, token) in tokens.into_iter().enumerate() {
+                let token = s.params.forced.get(s.num_output()).copied().unwrap_or(token);
+                s.tokens.push(token);
+                pushed += 1;
+                self.stats.generation_tokens += 1;
+                let mut out = SeqOutput {
+                    id: s.id,
+                    token: Some(token),
+                    finish: None,
+                    cached_tokens: s.cached_tokens.unwrap_or(0),
+                    ttft: None,
+                    itl: None,
+                    timings: None,
+                };
+                match s.last_token {
+                    None => {
+                        s.first_token = Some(now);
+                        out.ttft = Some(now - s.arrival);
+                    }
+                    Some(prev) if j == 0 => out.itl = Some(now - prev),
+                    Some(_) => {}
+                }
+                s.last_token = Some(now);
+                if s.params.stop_token_ids.contains(&token) {
+                    out.finish = Some(FinishReason::Stop);
+                } else if s.num_output() >= s.params.max_tokens || s.tokens.len() >= self.cfg.max_model_len {
+                    out.finish = Some(FinishReason::Length);
+                }
+                if out.finish.is_some() {
+                    let first_sched = s.first_scheduled.unwrap_or(s.arrival);
+                    let first_tok = s.first_token.unwrap_or(now);
+                    out.timings = Some(FinishTimings {
+                        queue: first_sched - s.arrival,
+                        prefill: first_tok - first_sched,
+                        decode: now - first_tok,
+                        e2e: now - s.arrival,
+                        generation_tokens: s.num_output(),
+                    });
+                    finished.push(idx);
+                    outputs.push(out);
+                    break;
+                }
+                outputs.push(out);
+            }
+            // Kept proposals' K/V is in the cache: they are computed (the step's own last
+            // token is not, yet).
+            s.num_computed += kept.min(pushed);
             // Register blocks that are now full of computed tokens.
             extend_block_hashes(&mut s.hashes, &s.tokens[..s.num_computed], bs, s.cache_salt.as_deref());
             let full = s.num_computed / bs;
@@ -235,47 +357,6 @@ impl Scheduler {
                 );
                 s.num_cached_blocks = full;
             }
-            let Some(token) = sampled.next().flatten() else {
-                continue;
-            };
-            let token = s.params.forced.get(s.num_output()).copied().unwrap_or(token);
-            s.tokens.push(token);
-            self.stats.generation_tokens += 1;
-            let mut out = SeqOutput {
-                id: s.id,
-                token: Some(token),
-                finish: None,
-                cached_tokens: s.cached_tokens.unwrap_or(0),
-                ttft: None,
-                itl: None,
-                timings: None,
-            };
-            match s.last_token {
-                None => {
-                    s.first_token = Some(now);
-                    out.ttft = Some(now - s.arrival);
-                }
-                Some(prev) => out.itl = Some(now - prev),
-            }
-            s.last_token = Some(now);
-            if s.params.stop_token_ids.contains(&token) {
-                out.finish = Some(FinishReason::Stop);
-            } else if s.num_output() >= s.params.max_tokens || s.tokens.len() >= self.cfg.max_model_len {
-                out.finish = Some(FinishReason::Length);
-            }
-            if out.finish.is_some() {
-                let first_sched = s.first_scheduled.unwrap_or(s.arrival);
-                let first_tok = s.first_token.unwrap_or(now);
-                out.timings = Some(FinishTimings {
-                    queue: first_sched - s.arrival,
-                    prefill: first_tok - first_sched,
-                    decode: now - first_tok,
-                    e2e: now - s.arrival,
-                    generation_tokens: s.num_output(),
-                });
-                finished.push(idx);
-            }
-            outputs.push(out);
         }
         for idx in finished.into_iter().rev() {
             let s = self.running.remove(idx);

@@ -8,6 +8,7 @@ use warmpath_wire::prefix::BlockHash;
 
 use crate::block_pool::BlockId;
 use crate::sampler::Sampler;
+use crate::spec::Drafter;
 
 /// What a request asks of generation.
 #[derive(Debug, Clone)]
@@ -21,6 +22,9 @@ pub struct SamplingParams {
     /// Test hook (`--script`): the output tokens, in order, whatever the model computes; the
     /// model still runs every step. Empty: sample.
     pub forced: Vec<u32>,
+    /// Most tokens proposed per step by n-gram lookup for this request (0: none); `None`: the
+    /// server's `--speculative-config`.
+    pub speculative: Option<usize>,
 }
 
 /// One request in the engine.
@@ -36,6 +40,10 @@ pub struct Sequence {
     pub(super) cache_salt: Option<String>,
     pub(super) params: SamplingParams,
     pub(super) sampler: Sampler,
+    /// Proposes tokens when speculative decoding is on for this request.
+    pub(super) drafter: Option<Drafter>,
+    /// Of `tokens`, the last `num_draft` are proposals under verification this step.
+    pub(super) num_draft: usize,
     pub(super) num_scheduled: usize,
     /// Prompt tokens served from the prefix cache at first admission.
     pub(super) cached_tokens: Option<usize>,
@@ -59,6 +67,8 @@ impl Sequence {
             cache_salt,
             params,
             sampler,
+            drafter: None,
+            num_draft: 0,
             num_scheduled: 0,
             cached_tokens: None,
             arrival: Instant::now(),
@@ -71,19 +81,28 @@ impl Sequence {
     pub(super) fn num_output(&self) -> usize {
         self.tokens.len() - self.num_prompt
     }
+
+    /// Takes this step's proposals back out of `tokens`.
+    pub(super) fn take_drafts(&mut self) -> Vec<u32> {
+        let drafts = self.tokens.split_off(self.tokens.len() - self.num_draft);
+        self.num_draft = 0;
+        drafts
+    }
 }
 
-/// What a step produced for one sequence.
+/// A token a step produced for one sequence (a verified proposal gives several in a step, in
+/// order, the last carrying the finish).
 #[derive(Debug, Clone, PartialEq)]
 pub struct SeqOutput {
     pub id: u64,
-    /// The token sampled this step, if any.
+    /// The token.
     pub token: Option<u32>,
     pub finish: Option<FinishReason>,
     pub cached_tokens: usize,
     /// Set with the first token: arrival → first token.
     pub ttft: Option<Duration>,
-    /// Set with later tokens: time since the previous token.
+    /// Set with the first of a step's later tokens: time since the previous step's token (as
+    /// vLLM observes it: once per step and request).
     pub itl: Option<Duration>,
     /// Set when finished.
     pub timings: Option<FinishTimings>,
@@ -109,4 +128,10 @@ pub struct StepStats {
     pub generation_tokens: u64,
     pub steps: u64,
     pub batched_tokens: u64,
+    /// Speculative decoding: verifications with at least one proposed token.
+    pub spec_drafts: u64,
+    pub spec_draft_tokens: u64,
+    pub spec_accepted_tokens: u64,
+    /// Accepted proposals by position within their proposal.
+    pub spec_accepted_per_pos: Vec<u64>,
 }

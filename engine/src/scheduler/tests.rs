@@ -12,9 +12,9 @@ impl Executor for Recorder {
     fn name(&self) -> &'static str {
         "recorder"
     }
-    fn execute(&mut self, batch: &mut [SeqStep<'_>]) -> Vec<Option<u32>> {
+    fn execute(&mut self, batch: &mut [SeqStep<'_>]) -> Vec<Vec<u32>> {
         self.steps.push(batch.iter().map(|s| (s.start_pos, s.tokens.len(), s.sampler.is_some())).collect());
-        batch.iter().map(|s| s.sampler.as_ref().map(|_| 1)).collect()
+        batch.iter().map(|s| if s.sampler.is_some() { vec![1] } else { Vec::new() }).collect()
     }
 }
 
@@ -26,6 +26,7 @@ fn params(max_tokens: usize) -> SamplingParams {
         seed: None,
         stop_token_ids: vec![0],
         forced: Vec::new(),
+        speculative: None,
     }
 }
 
@@ -36,6 +37,7 @@ fn sched(blocks: usize, budget: usize, seqs: usize) -> Scheduler {
             max_num_seqs: seqs,
             max_model_len: 4096,
             enable_prefix_caching: true,
+            spec: None,
         },
         BlockPool::new(blocks, 4, false),
     )
@@ -155,8 +157,8 @@ fn stop_tokens_finish_with_stop() {
         fn name(&self) -> &'static str {
             "eos"
         }
-        fn execute(&mut self, batch: &mut [SeqStep<'_>]) -> Vec<Option<u32>> {
-            batch.iter().map(|s| s.sampler.as_ref().map(|_| 0)).collect()
+        fn execute(&mut self, batch: &mut [SeqStep<'_>]) -> Vec<Vec<u32>> {
+            batch.iter().map(|s| if s.sampler.is_some() { vec![0] } else { Vec::new() }).collect()
         }
     }
     let mut s = sched(16, 100, 4);
@@ -164,4 +166,115 @@ fn stop_tokens_finish_with_stop() {
     let out = s.step(&mut Eos);
     assert_eq!(out[0].finish, Some(FinishReason::Stop));
     assert!(out[0].timings.is_some());
+}
+
+/// A model whose greedy continuation is known: position `p` holds `truth[p]`. Checks that every
+/// step is given the true tokens before its proposals (rejected proposals never count as
+/// computed) and verifies proposals against the truth.
+struct Oracle {
+    truth: Vec<u32>,
+    /// Per step: (start position, tokens, proposals).
+    steps: Vec<(usize, usize, usize)>,
+}
+
+impl Executor for Oracle {
+    fn name(&self) -> &'static str {
+        "oracle"
+    }
+    fn execute(&mut self, batch: &mut [SeqStep<'_>]) -> Vec<Vec<u32>> {
+        batch
+            .iter()
+            .map(|s| {
+                self.steps.push((s.start_pos, s.tokens.len(), s.num_draft));
+                let known = s.tokens.len() - s.num_draft;
+                assert_eq!(s.tokens[..known], self.truth[s.start_pos..s.start_pos + known], "known tokens");
+                if s.sampler.is_none() {
+                    return Vec::new();
+                }
+                let next = s.start_pos + known;
+                let kept =
+                    s.tokens[known..].iter().zip(&self.truth[next..]).take_while(|(a, b)| a == b).count();
+                self.truth[next..next + kept + 1].to_vec()
+            })
+            .collect()
+    }
+}
+
+fn speculative(k: usize) -> SamplingParams {
+    SamplingParams { speculative: Some(k), ..params(30) }
+}
+
+#[test]
+fn proposals_copied_from_the_prompt_are_kept_and_save_steps() {
+    // The output repeats the prompt's 20 tokens: after the first two output tokens, lookup finds them.
+    let text = prompt(20, 0);
+    let mut truth = text.clone();
+    truth.extend(&text);
+    truth.extend(&text);
+    let run = |k: usize| {
+        let mut s = sched(64, 64, 4);
+        let mut ex = Oracle { truth: truth.clone(), steps: Vec::new() };
+        s.add(Sequence::new(1, text.clone(), speculative(k), None));
+        let mut out = Vec::new();
+        while !s.is_idle() {
+            out.extend(s.step(&mut ex).into_iter().filter_map(|o| o.token));
+        }
+        (out, ex.steps.len(), s.take_stats())
+    };
+    let (plain, plain_steps, plain_stats) = run(0);
+    let (fast, fast_steps, stats) = run(4);
+    assert_eq!(plain, truth[20..50]);
+    assert_eq!(fast, plain, "speculation changes no token");
+    assert_eq!(plain_stats.spec_drafts, 0);
+    assert!(fast_steps * 2 < plain_steps, "{fast_steps} steps with proposals vs {plain_steps}");
+    assert_eq!(stats.spec_accepted_tokens, stats.spec_draft_tokens, "every proposal here is right");
+    assert_eq!(stats.generation_tokens, 30);
+    assert_eq!(stats.spec_accepted_per_pos[0], stats.spec_drafts);
+}
+
+#[test]
+fn rejected_proposals_roll_back_and_the_request_stays_exact() {
+    // The prompt repeats "a b c" but the truth follows "a b" with something new each time:
+    // proposals are wrong, the Oracle asserts each step is given only true tokens.
+    let mut truth: Vec<u32> = Vec::new();
+    for i in 0..20u32 {
+        truth.extend([100, 101, 200 + i]);
+    }
+    let mut s = sched(64, 64, 4);
+    let mut ex = Oracle { truth: truth.clone(), steps: Vec::new() };
+    s.add(Sequence::new(1, truth[..9].to_vec(), speculative(3), None));
+    let mut out = Vec::new();
+    while !s.is_idle() {
+        out.extend(s.step(&mut ex).into_iter().filter_map(|o| o.token));
+    }
+    assert_eq!(out, truth[9..39], "output as without speculation");
+    let stats = s.take_stats();
+    assert!(stats.spec_drafts > 0);
+    assert!(stats.spec_accepted_tokens < stats.spec_draft_tokens);
+}
+
+#[test]
+fn proposals_respect_max_tokens_and_never_take_blocks_others_need() {
+    let text = prompt(16, 0);
+    let mut truth = text.clone();
+    truth.extend(&text);
+    // max_tokens 5: proposals stop short of it.
+    let mut s = sched(64, 64, 4);
+    let mut ex = Oracle { truth: truth.clone(), steps: Vec::new() };
+    s.add(Sequence::new(1, text.clone(), SamplingParams { max_tokens: 5, ..speculative(8) }, None));
+    let mut out = Vec::new();
+    while !s.is_idle() {
+        out.extend(s.step(&mut ex).into_iter().filter_map(|o| o.token));
+    }
+    assert_eq!(out, truth[16..21]);
+    assert!(ex.steps.iter().all(|&(.., d)| d <= 3), "{:?}", ex.steps);
+    // Five blocks of 4: the prompt takes four, the fifth holds the output; proposals may only
+    // use what is free, and nothing is preempted.
+    let mut s = sched(5, 64, 4);
+    let mut ex = Oracle { truth, steps: Vec::new() };
+    s.add(Sequence::new(1, text, SamplingParams { max_tokens: 4, ..speculative(8) }, None));
+    while !s.is_idle() {
+        s.step(&mut ex);
+    }
+    assert_eq!(s.take_stats().preemptions, 0);
 }

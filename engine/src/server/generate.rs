@@ -110,7 +110,8 @@ pub struct SamplingFields<'a> {
     pub top_p: Option<f32>,
     pub seed: Option<i64>,
     pub stop: Option<warmpath_wire::openai::Stop>,
-    /// Unknown fields: vLLM's `ignore_eos` and `stop_token_ids` are honoured.
+    /// Unknown fields: vLLM's `ignore_eos` and `stop_token_ids` are honoured, and warmpath's
+    /// `num_speculative_tokens` (n-gram proposals per step for this request; 0: none).
     pub extra: &'a serde_json::Map<String, serde_json::Value>,
     /// Scripted output tokens (the `--script` test hook); empty to sample.
     pub forced: Vec<u32>,
@@ -154,6 +155,19 @@ impl SamplingFields<'_> {
         if let Some(ids) = self.extra.get("stop_token_ids").and_then(|v| v.as_array()) {
             stop_token_ids.extend(ids.iter().filter_map(|v| v.as_u64()).map(|v| v as u32));
         }
+        let speculative = match self.extra.get("num_speculative_tokens") {
+            None | Some(serde_json::Value::Null) => None,
+            Some(v) => match v.as_u64() {
+                Some(k) if k as usize <= crate::spec::MAX_SPECULATIVE_TOKENS => Some(k as usize),
+                _ => {
+                    return Err(ApiError::invalid_request(format!(
+                        "num_speculative_tokens must be an integer within 0..={}, got {v}",
+                        crate::spec::MAX_SPECULATIVE_TOKENS
+                    ))
+                    .with_param("num_speculative_tokens"))
+                }
+            },
+        };
         let max_model_len = state.engine.info().max_model_len;
         let mut out = Vec::new();
         for (prompt_index, prompt) in prompts.into_iter().enumerate() {
@@ -175,6 +189,7 @@ impl SamplingFields<'_> {
                         seed: self.seed.map(|s| (s as u64).wrapping_add(i as u64)),
                         stop_token_ids: stop_token_ids.clone(),
                         forced: self.forced.clone(),
+                        speculative,
                     },
                     stops: stops.clone(),
                 });

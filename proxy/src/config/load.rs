@@ -207,6 +207,23 @@ url = "http://127.0.0.1:8000"
     }
 
     #[test]
+    fn embedded_speculative_decoding_is_checked() {
+        let spec = |body: &str| {
+            format!("[[pools]]\nname = \"p\"\nmodels = [\"m\"]\n[pools.embedded]\nmodel = \"micro\"\n[pools.embedded.speculative]\n{body}\n")
+        };
+        let cfg = parse("p.toml", &spec("num_speculative_tokens = 4\nprompt_lookup_min = 1")).expect("valid");
+        let s = cfg.pools[0].embedded.as_ref().and_then(|e| e.speculative.clone()).expect("speculative");
+        assert_eq!((s.num_speculative_tokens, s.lookup_min(), s.prompt_lookup_max), (4, 1, 4));
+        let e = err(&spec("num_speculative_tokens = 40"));
+        assert!(
+            e.message.starts_with("pools[0].embedded.speculative: num_speculative_tokens must be within"),
+            "{e}"
+        );
+        let e = err(&spec("num_speculative_tokens = 2\nmethod = \"eagle\""));
+        assert!(e.message.contains("only \"ngram\""), "{e}");
+    }
+
+    #[test]
     fn missing_parts_fall_back_to_the_closest_table() {
         let e = err("[server]\nthreads = 2\n");
         assert!(e.message.starts_with("pools: at least one"), "{e}");

@@ -237,6 +237,9 @@ pub struct EmbeddedConfig {
     pub max_model_len: usize,
     /// Publish KV events (ZMQ) from each replica, for routers that read them.
     pub kv_events: bool,
+    /// `[pools.embedded.speculative]`: n-gram speculative decoding (vLLM's speculative config
+    /// keys); absent: off unless a request asks (`num_speculative_tokens`).
+    pub speculative: Option<warmpath_engine::spec::SpecConfig>,
 }
 
 impl Default for EmbeddedConfig {
@@ -249,6 +252,7 @@ impl Default for EmbeddedConfig {
             max_num_seqs: 16,
             max_model_len: 4096,
             kv_events: false,
+            speculative: None,
         }
     }
 }

@@ -150,6 +150,9 @@ pub fn validate(cfg: &Config) -> Result<(), Invalid> {
                 positive(ep.key("kv_blocks"), e.kv_blocks as u64)?;
                 positive(ep.key("max_num_seqs"), e.max_num_seqs as u64)?;
                 positive(ep.key("max_model_len"), e.max_model_len as u64)?;
+                if let Some(spec) = &e.speculative {
+                    spec.check().map_err(|err| ep.key("speculative").err(err.to_string()))?;
+                }
             }
             (None, false) => {}
         }
