@@ -6,7 +6,7 @@
 use warmpath_wire::gguf::GgmlType;
 
 use super::formats::{bf16_to_f32, f16_to_f32, k_scale_min, round_f16};
-use super::Acts;
+use super::{Acts, Kernel};
 
 /// The activations' form a weight type's dot product takes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -104,9 +104,6 @@ pub(super) fn quantize_acts_with(kind: ActKind, x: &[f32], cols: usize, simd: bo
     let _ = (cols, simd);
     a
 }
-
-/// A weight row's dot products with activation rows `i..i + out.len()` (one to four).
-pub(super) type Kernel = fn(&[u8], &Acts, usize, &mut [f32]);
 
 /// One weight row's dot product with one activation row.
 type One = fn(&[u8], &Acts, usize) -> f32;

@@ -91,6 +91,9 @@ impl QuantMatrix {
     }
 }
 
+/// A weight row's dot products with activation rows `i..i + out.len()` (one to four).
+pub(crate) type Kernel = fn(&[u8], &Acts, usize, &mut [f32]);
+
 /// Activations `[t × cols]` in the form the weight type's dot product takes.
 pub struct Acts {
     kind: dot::ActKind,

@@ -10,8 +10,7 @@ use std::arch::x86_64::*;
 
 use warmpath_wire::gguf::GgmlType;
 
-use super::dot::Kernel;
-use super::Acts;
+use super::{Acts, Kernel};
 
 /// The CPU has what these kernels need: AVX2, FMA, F16C.
 pub(super) fn available() -> bool {
