@@ -12,6 +12,8 @@ use warmpath_engine::executor::llama::LlamaExecutor;
 use warmpath_engine::metrics::Metrics;
 use warmpath_engine::model::{GgufModel, ModelConfig, Weights};
 use warmpath_engine::scheduler::{SamplingParams, SchedulerConfig};
+use warmpath_engine::spec::SpecConfig;
+use warmpath_wire::chat_template::ChatFormat;
 
 use crate::stats::median;
 
@@ -68,13 +70,31 @@ async fn one(
     prompt: Vec<u32>,
     max_tokens: usize,
 ) -> anyhow::Result<(Duration, Duration, usize)> {
+    let r = generate(engine, prompt, params(max_tokens)).await?;
+    Ok((r.ttft, r.decode, r.tokens.len()))
+}
+
+/// What one request produced and when.
+pub struct Generated {
+    pub ttft: Duration,
+    /// First token to last.
+    pub decode: Duration,
+    pub tokens: Vec<u32>,
+}
+
+/// Runs one request to its end.
+pub async fn generate(
+    engine: &Engine,
+    prompt: Vec<u32>,
+    params: SamplingParams,
+) -> anyhow::Result<Generated> {
     let start = Instant::now();
-    let mut s = engine.generate(prompt, params(max_tokens), None).map_err(|e| anyhow::anyhow!("{e}"))?;
+    let mut s = engine.generate(prompt, params, None).map_err(|e| anyhow::anyhow!("{e}"))?;
     let mut first = None;
-    let mut n = 0;
+    let mut tokens = Vec::new();
     let mut last = start;
     while let Some(out) = s.next().await {
-        n += 1;
+        tokens.push(out.token);
         last = Instant::now();
         first.get_or_insert(last);
         if out.finish.is_some() {
@@ -82,7 +102,61 @@ async fn one(
         }
     }
     let first = first.ok_or_else(|| anyhow::anyhow!("no output"))?;
-    Ok((first - start, last - first, n))
+    Ok(Generated { ttft: first - start, decode: last - first, tokens })
+}
+
+/// An engine running in this process.
+pub struct InProcess {
+    pub engine: Arc<Engine>,
+    pub metrics: Arc<Metrics>,
+    pub cfg: ModelConfig,
+    /// A GGUF model's tokenizer and chat template.
+    pub format: Option<ChatFormat>,
+}
+
+/// Starts `model` (a preset, a known name or a GGUF file) in this process: 4,096 blocks of 16,
+/// `budget` tokens per step, `max_seqs` sequences, speculative decoding as `spec` says.
+pub fn in_process(
+    model: &str,
+    budget: usize,
+    max_seqs: usize,
+    spec: Option<SpecConfig>,
+) -> anyhow::Result<InProcess> {
+    let (weights, format) = match (ModelConfig::preset(model), warmpath_wire::models::gguf_of(model)) {
+        (Some(cfg), _) => (Weights::dummy(&cfg, 0)?, None),
+        (None, Some(path)) => {
+            let m = GgufModel::load(&path)?;
+            (m.weights, Some(m.format))
+        }
+        (None, None) => anyhow::bail!("unknown model {model}: a preset, a known name or a .gguf file"),
+    };
+    let cfg = weights.cfg.clone();
+    let block_size = 16;
+    let num_blocks = 4096;
+    let info = EngineInfo {
+        model_name: model.to_owned(),
+        vocab_size: cfg.vocab_size,
+        block_size,
+        num_blocks,
+        max_model_len: 8192,
+        prefix_caching: true,
+    };
+    let sched = SchedulerConfig {
+        max_num_batched_tokens: budget,
+        max_num_seqs: max_seqs,
+        max_model_len: 8192,
+        enable_prefix_caching: true,
+        spec,
+    };
+    let metrics = Arc::new(Metrics::new(model, "bench", block_size, num_blocks, true));
+    let engine = Arc::new(Engine::start(
+        info,
+        sched,
+        Box::new(LlamaExecutor::new(weights, num_blocks, block_size)),
+        metrics.clone(),
+        None,
+    )?);
+    Ok(InProcess { engine, metrics, cfg, format })
 }
 
 pub async fn run(a: Args) -> anyhow::Result<()> {
@@ -95,37 +169,8 @@ pub async fn run(a: Args) -> anyhow::Result<()> {
         };
         return crate::engine_vs::run(&path, a.repeats, a.threads).await;
     }
-    let weights = match (ModelConfig::preset(&a.model), warmpath_wire::models::gguf_of(&a.model)) {
-        (Some(cfg), _) => Weights::dummy(&cfg, 0)?,
-        (None, Some(path)) => GgufModel::load(&path)?.weights,
-        (None, None) => anyhow::bail!("unknown model {}: a preset, a known name or a .gguf file", a.model),
-    };
-    let cfg = weights.cfg.clone();
-    let block_size = 16;
-    let num_blocks = 4096;
-    let info = EngineInfo {
-        model_name: a.model.clone(),
-        vocab_size: cfg.vocab_size,
-        block_size,
-        num_blocks,
-        max_model_len: 8192,
-        prefix_caching: true,
-    };
-    let sched = SchedulerConfig {
-        max_num_batched_tokens: a.max_num_batched_tokens,
-        max_num_seqs: a.concurrency.max(16),
-        max_model_len: 8192,
-        enable_prefix_caching: true,
-        spec: None,
-    };
-    let metrics = Arc::new(Metrics::new(&a.model, "bench", block_size, num_blocks, true));
-    let engine = Arc::new(Engine::start(
-        info,
-        sched,
-        Box::new(LlamaExecutor::new(weights, num_blocks, block_size)),
-        metrics,
-        None,
-    )?);
+    let InProcess { engine, cfg, .. } =
+        in_process(&a.model, a.max_num_batched_tokens, a.concurrency.max(16), None)?;
     println!(
         "# warmpath-engine benchmark: model {} ({:.1}M params), {} cores, budget {} tokens/step",
         a.model,

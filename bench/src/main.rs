@@ -13,6 +13,7 @@ mod replay;
 mod report;
 mod requests;
 mod route_cost;
+mod spec;
 mod stats;
 mod targets;
 mod tool_search;
@@ -35,6 +36,10 @@ enum Cmd {
     /// Speed of the bundled engine: prefill and decode throughput, continuous batching, and
     /// TTFT with a cached vs uncached prefix.
     Engine(engine::Args),
+    /// Speculative decoding (n-gram prompt lookup) on a real model: decode speed with and
+    /// without proposals and the share kept, on JSON echoes, tool-call arguments, code edits and
+    /// free text.
+    Spec(spec::Args),
     /// Proxy overhead: warmpath vs a direct connection vs nginx, sglang-router and vllm-router in
     /// front of the same fast upstream, small and ~60 KB requests.
     Overhead(overhead::Args),
@@ -56,6 +61,7 @@ fn main() -> anyhow::Result<()> {
     rt.block_on(until_signal(async move {
         match cli.cmd {
             Cmd::Engine(a) => engine::run(a).await,
+            Cmd::Spec(a) => spec::run(a).await,
             Cmd::Overhead(a) => overhead::run(a).await,
             Cmd::Compare(a) => compare::run(*a).await,
             Cmd::ToolSearch(a) => tool_search::run(a),

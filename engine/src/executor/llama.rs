@@ -9,7 +9,7 @@ use rayon::prelude::*;
 
 use super::{Executor, SeqStep};
 use crate::block_pool::BlockId;
-use crate::math::{gemm, rmsnorm, rope, softmax, swiglu, View};
+use crate::math::{dot, gemm, rmsnorm, rope, softmax, swiglu, View};
 use crate::model::Weights;
 
 /// K and V of every layer, `[num_blocks × block_size × kv_dim]` each.
@@ -156,8 +156,10 @@ fn compute(w: &Weights, cache: &mut KvCache, batch: &[(&[u32], usize, &[BlockId]
 }
 
 /// Query rows up to which attention reads K/V where they lie in the paged cache, with dot
-/// products (a decode step); above it, the sequence's K/V are gathered and multiplied by sgemm.
-const DIRECT_ROWS: usize = 4;
+/// products (a decode step, or one verifying proposals: each row's arithmetic is then exactly a
+/// one-token decode step's, so greedy speculative decoding changes no token); above it, the
+/// sequence's K/V are gathered and multiplied by sgemm.
+const DIRECT_ROWS: usize = crate::spec::MAX_SPECULATIVE_TOKENS + 1;
 
 /// [`attention`] for a few query rows: each head's scores and output from dot products over
 /// the cache's pages, nothing copied.
@@ -177,23 +179,32 @@ fn attention_direct(
     let group = c.n_heads / c.n_kv_heads;
     let scale = 1.0 / (hs as f32).sqrt();
     let (k, v) = (&cache.k[layer], &cache.v[layer]);
+    let ctx = start + n;
     let heads: Vec<Vec<f32>> = (0..c.n_heads)
         .into_par_iter()
         .map(|h| {
             let off = (h / group) * hs;
-            let mut head = vec![0.0f32; n * hs];
-            let mut scores = Vec::with_capacity(start + n);
-            for (i, o) in head.chunks_exact_mut(hs).enumerate() {
-                let qh = &q[i * dim + h * hs..i * dim + (h + 1) * hs];
-                scores.clear();
-                for p in 0..start + i + 1 {
-                    let s = cache.slot(table, p) + off;
-                    scores.push(qh.iter().zip(&k[s..s + hs]).map(|(a, b)| a * b).sum::<f32>() * scale);
+            let q_row = |i: usize| &q[i * dim + h * hs..i * dim + (h + 1) * hs];
+            // Row i sees positions 0..=start + i; each K and V row is read once for all the
+            // rows that see it.
+            let mut scores = vec![0.0f32; n * ctx];
+            for p in 0..ctx {
+                let s = cache.slot(table, p) + off;
+                let kp = &k[s..s + hs];
+                for i in p.saturating_sub(start)..n {
+                    scores[i * ctx + p] = dot(q_row(i), kp) * scale;
                 }
-                softmax(&mut scores);
-                for (p, &weight) in scores.iter().enumerate() {
-                    let s = cache.slot(table, p) + off;
-                    o.iter_mut().zip(&v[s..s + hs]).for_each(|(o, v)| *o += weight * v);
+            }
+            for i in 0..n {
+                softmax(&mut scores[i * ctx..i * ctx + start + i + 1]);
+            }
+            let mut head = vec![0.0f32; n * hs];
+            for p in 0..ctx {
+                let s = cache.slot(table, p) + off;
+                let vp = &v[s..s + hs];
+                for i in p.saturating_sub(start)..n {
+                    let weight = scores[i * ctx + p];
+                    head[i * hs..(i + 1) * hs].iter_mut().zip(vp).for_each(|(o, v)| *o += weight * v);
                 }
             }
             head

@@ -131,3 +131,25 @@ fn the_avx2_and_portable_quantizers_agree() {
         assert_eq!((a.qs, a.d, a.sums), (b.qs, b.d, b.sums), "{kind:?}");
     }
 }
+
+/// A row's product does not depend on how many rows are multiplied with it, or where it sits
+/// among them: a step verifying proposals computes each position exactly as a one-token step
+/// would (greedy speculative decoding must not change a token).
+#[test]
+fn each_rows_product_is_the_same_in_any_batch() {
+    let (rows, cols) = (40, 512);
+    let w = values(rows * cols, 5);
+    for ty in [GgmlType::Q8_0, GgmlType::Q4_0, GgmlType::Q4_1, GgmlType::F16, GgmlType::F32] {
+        let m = QuantMatrix::quantize(ty, rows, cols, &w);
+        for t in [2, 3, 5, 8, 9, 17] {
+            let x = values(t * cols, 9);
+            let mut all = vec![0.0f32; t * rows];
+            matmul(&mut all, &x, t, &m);
+            for i in 0..t {
+                let mut one = vec![0.0f32; rows];
+                matmul(&mut one, &x[i * cols..(i + 1) * cols], 1, &m);
+                assert_eq!(&all[i * rows..(i + 1) * rows], &one[..], "{ty:?}: row {i} of {t}");
+            }
+        }
+    }
+}
