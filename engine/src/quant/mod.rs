@@ -5,10 +5,13 @@
 //!
 //! `formats` holds the block layouts (and the f32 reference each kernel is tested against),
 //! `dot` the per-block dot products: portable ones for every type, AVX2 ones for the hot types
-//! picked at run time (`x86`).
+//! picked at run time (`x86`). Where the CPU has AVX2, Q4_1 and Q8_0 matrices are also kept
+//! repacked eight rows at a time (`packed`), and multiplied by kernels that compute eight rows
+//! in the lanes of one register.
 
 mod dot;
 pub mod formats;
+mod packed;
 #[cfg(target_arch = "x86_64")]
 mod x86;
 
@@ -43,6 +46,8 @@ pub struct QuantMatrix {
     pub cols: usize,
     data: Storage,
     row_bytes: usize,
+    /// The rows in groups of eight, with the kernel for them, where the CPU has one.
+    packed: Option<(Arc<[u8]>, Kernel)>,
 }
 
 impl std::fmt::Debug for QuantMatrix {
@@ -67,7 +72,12 @@ impl QuantMatrix {
                 data.bytes().len()
             ));
         }
-        Ok(QuantMatrix { ty, rows, cols, data, row_bytes })
+        #[cfg(target_arch = "x86_64")]
+        let packed = x86::packed_kernel(ty)
+            .and_then(|k| Some((Arc::from(packed::pack(ty, rows, row_bytes, data.bytes())?), k)));
+        #[cfg(not(target_arch = "x86_64"))]
+        let packed = None;
+        Ok(QuantMatrix { ty, rows, cols, data, row_bytes, packed })
     }
 
     /// `w` (`[rows × cols]` f32, row-major) quantized to `ty`.
@@ -139,6 +149,9 @@ pub fn matmul_acts(out: &mut [f32], acts: &Acts, t: usize, w: &QuantMatrix) {
     if t == 0 {
         return;
     }
+    if let Some((groups, kernel)) = &w.packed {
+        return matmul_groups(out, acts, t, w, groups, *kernel);
+    }
     if t >= 2 * TOKENS_PER_TASK {
         out[..t * rows].par_chunks_mut(TOKENS_PER_TASK * rows).enumerate().for_each(|(c, dst)| {
             let (i0, n) = (c * TOKENS_PER_TASK, dst.len() / rows);
@@ -169,6 +182,58 @@ pub fn matmul_acts(out: &mut [f32], acts: &Acts, t: usize, w: &QuantMatrix) {
     for (r, products) in by_row.chunks_exact(t).enumerate() {
         for (i, p) in products.iter().enumerate() {
             out[i * rows + r] = *p;
+        }
+    }
+}
+
+/// Groups of eight weight rows per parallel task when few activation rows are split by rows.
+const GROUPS_PER_TASK: usize = 4;
+
+/// [`matmul_acts`] over eight-row groups. Many activation rows (prefill) are split into one
+/// contiguous share per task, each of which walks every weight group once and multiplies it,
+/// while it sits in the L1 cache, with all its activation rows four at a time; few (a decode
+/// step) are split by weight groups.
+fn matmul_groups(out: &mut [f32], acts: &Acts, t: usize, w: &QuantMatrix, groups: &[u8], kernel: Kernel) {
+    use rayon::prelude::*;
+    let rows = w.rows;
+    let group_bytes = groups.len() / (rows / packed::ROWS);
+    let group = |g: usize| &groups[g * group_bytes..(g + 1) * group_bytes];
+    if t >= 2 * TOKENS_PER_TASK {
+        // Shares of whole fours, about two per thread.
+        let per = t.div_ceil(2 * rayon::current_num_threads()).next_multiple_of(TOKENS_PER_TASK);
+        out[..t * rows].par_chunks_mut(per * rows).enumerate().for_each(|(c, dst)| {
+            let (i0, n) = (c * per, dst.len() / rows);
+            let mut products = [0.0f32; 8 * TOKENS_PER_TASK];
+            for g in 0..rows / packed::ROWS {
+                for j0 in (0..n).step_by(TOKENS_PER_TASK) {
+                    let m = (n - j0).min(TOKENS_PER_TASK);
+                    kernel(group(g), acts, i0 + j0, &mut products[..8 * m]);
+                    for (j, p) in products[..8 * m].chunks_exact(8).enumerate() {
+                        dst[(j0 + j) * rows + 8 * g..][..8].copy_from_slice(p);
+                    }
+                }
+            }
+        });
+        return;
+    }
+    // Per group, `t` rows of eight products.
+    let task = |g0: usize, dst: &mut [f32]| {
+        for (k, d) in dst.chunks_exact_mut(8 * t).enumerate() {
+            for (c, part) in d.chunks_mut(8 * TOKENS_PER_TASK).enumerate() {
+                kernel(group(g0 + k), acts, c * TOKENS_PER_TASK, part);
+            }
+        }
+    };
+    let per_task = 8 * GROUPS_PER_TASK * t;
+    if t == 1 {
+        out[..rows].par_chunks_mut(per_task).enumerate().for_each(|(c, d)| task(c * GROUPS_PER_TASK, d));
+        return;
+    }
+    let mut by_group = vec![0.0f32; rows * t];
+    by_group.par_chunks_mut(per_task).enumerate().for_each(|(c, d)| task(c * GROUPS_PER_TASK, d));
+    for (g, products) in by_group.chunks_exact(8 * t).enumerate() {
+        for (j, p) in products.chunks_exact(8).enumerate() {
+            out[j * rows + 8 * g..][..8].copy_from_slice(p);
         }
     }
 }

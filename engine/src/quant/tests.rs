@@ -75,13 +75,27 @@ fn check(w: &QuantMatrix, t: usize) {
 
 #[test]
 fn quantized_formats_multiply_as_their_dequantized_weights() {
-    let (rows, cols) = (5, 512);
-    let w = values(rows * cols, 3);
-    for ty in [GgmlType::Q8_0, GgmlType::Q4_0, GgmlType::Q4_1, GgmlType::F16, GgmlType::F32] {
-        for t in [0, 1, 6, 11] {
-            check(&QuantMatrix::quantize(ty, rows, cols, &w), t);
+    // 16 rows: whole groups of eight, repacked where the CPU has the kernels; 5: row by row.
+    for (rows, cols) in [(5, 512), (16, 512)] {
+        let w = values(rows * cols, 3);
+        for ty in [GgmlType::Q8_0, GgmlType::Q4_0, GgmlType::Q4_1, GgmlType::F16, GgmlType::F32] {
+            let m = QuantMatrix::quantize(ty, rows, cols, &w);
+            if rows == 16 && matches!(ty, GgmlType::Q8_0 | GgmlType::Q4_1) {
+                assert_eq!(m.packed.is_some(), cfg!(target_arch = "x86_64") && kernels_here());
+            }
+            for t in [0, 1, 6, 11] {
+                check(&m, t);
+            }
         }
     }
+}
+
+/// Whether this CPU runs the AVX2 kernels.
+fn kernels_here() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    return x86::available();
+    #[cfg(not(target_arch = "x86_64"))]
+    false
 }
 
 /// K-quant blocks are read from files only: random bytes are valid blocks (scales, quants), so

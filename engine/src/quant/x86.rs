@@ -203,6 +203,158 @@ fn q4_1_n<const N: usize>(row: &[u8], a: &Acts, i: usize, out: &mut [f32]) {
     }
 }
 
+/// The kernel over eight-row groups ([`super::packed`]) for `ty`, where the CPU has AVX2, FMA
+/// and F16C and one is written for it: `out[8j + lane]` is row `lane` of the group times
+/// activation row `i + j`, for `j < out.len() / 8` (one to four rows).
+pub(super) fn packed_kernel(ty: GgmlType) -> Option<Kernel> {
+    if !available() {
+        return None;
+    }
+    // SAFETY (for each wrapper below): they are only handed out here, after the check above.
+    match ty {
+        GgmlType::Q4_1 => Some(|g, a, i, out| unsafe { q4_1x8(g, a, i, out) }),
+        GgmlType::Q8_0 => Some(|g, a, i, out| unsafe { q8_0x8(g, a, i, out) }),
+        _ => None,
+    }
+}
+
+/// Calls `$f::<N>` for `N = out.len() / 8` (1 to 4).
+macro_rules! by_groups {
+    ($f:ident, $g:expr, $a:expr, $i:expr, $out:expr) => {
+        match $out.len() / 8 {
+            1 => $f::<1>($g, $a, $i, $out),
+            2 => $f::<2>($g, $a, $i, $out),
+            3 => $f::<3>($g, $a, $i, $out),
+            _ => $f::<4>($g, $a, $i, $out),
+        }
+    };
+}
+
+/// Four activation bytes at `p`, in every lane.
+///
+/// # Safety
+/// `p..p + 4` must be readable.
+#[inline]
+#[target_feature(enable = "avx2")]
+unsafe fn broadcast4(p: *const u8) -> __m256i {
+    // SAFETY: the caller's promise; the read is unaligned.
+    _mm256_set1_epi32(unsafe { p.cast::<i32>().read_unaligned() })
+}
+
+/// Eight halves at `p` as floats.
+///
+/// # Safety
+/// `p..p + 16` must be readable.
+#[inline]
+#[target_feature(enable = "avx2,f16c")]
+unsafe fn halves8(p: *const u8) -> __m256 {
+    // SAFETY: the caller's promise; the read is unaligned.
+    _mm256_cvtph_ps(unsafe { _mm_loadu_si128(p.cast()) })
+}
+
+/// Checks once what a group kernel's unchecked reads rely on; returns the number of blocks.
+fn check_group(g: &[u8], ty: GgmlType, a: &Acts, i: usize, n: usize, sums: bool) -> usize {
+    let (_, block) = super::packed::block_layout(ty).expect("a repacked type");
+    let nb = a.cols / 32;
+    assert_eq!(g.len(), nb * block, "a group of the activations' width");
+    assert!((1..=4).contains(&n), "one to four activation rows");
+    assert!((i + n) * a.cols <= a.qs.len() && (i + n) * nb <= a.d.len(), "activation rows");
+    assert!(!sums || (i + n) * nb <= a.sums.len(), "activation sums");
+    nb
+}
+
+#[target_feature(enable = "avx2,fma,f16c")]
+fn q4_1x8(g: &[u8], a: &Acts, i: usize, out: &mut [f32]) {
+    by_groups!(q4_1x8_n, g, a, i, out)
+}
+
+#[target_feature(enable = "avx2,fma,f16c")]
+fn q4_1x8_n<const N: usize>(g: &[u8], a: &Acts, i: usize, out: &mut [f32]) {
+    let nb = check_group(g, GgmlType::Q4_1, a, i, N, true);
+    let (w, qs, ds, ss) = (g.as_ptr(), a.qs.as_ptr().cast::<u8>(), a.d.as_ptr(), a.sums.as_ptr());
+    let (mask, ones) = (_mm256_set1_epi8(0xf), _mm256_set1_epi16(1));
+    let mut acc = [_mm256_setzero_ps(); N];
+    let mut mins = [_mm256_setzero_ps(); N];
+    for k in 0..nb {
+        // SAFETY: `check_group` bounds block k of the group and of each activation row.
+        unsafe {
+            let blk = w.add(160 * k);
+            let (dw, mw) = (halves8(blk), halves8(blk.add(16)));
+            // Per activation row, the eight rows' products in 16-bit lanes: at most
+            // 8 × 2 × 15 × 127 = 30,480, no overflow.
+            let mut s16 = [_mm256_setzero_si256(); N];
+            for c in 0..4 {
+                let raw = load(blk.add(32 + 32 * c));
+                let lo = _mm256_and_si256(raw, mask);
+                let hi = _mm256_and_si256(_mm256_srli_epi16(raw, 4), mask);
+                for (j, s) in s16.iter_mut().enumerate() {
+                    let ap = qs.add((i + j) * a.cols + 32 * k);
+                    let p = _mm256_add_epi16(
+                        _mm256_maddubs_epi16(lo, broadcast4(ap.add(4 * c))),
+                        _mm256_maddubs_epi16(hi, broadcast4(ap.add(16 + 4 * c))),
+                    );
+                    *s = _mm256_add_epi16(*s, p);
+                }
+            }
+            for j in 0..N {
+                let r = i + j;
+                let dot = _mm256_cvtepi32_ps(_mm256_madd_epi16(s16[j], ones));
+                let scale = _mm256_mul_ps(dw, _mm256_set1_ps(*ds.add(r * nb + k)));
+                acc[j] = _mm256_fmadd_ps(dot, scale, acc[j]);
+                mins[j] = _mm256_fmadd_ps(mw, _mm256_set1_ps(*ss.add(r * nb + k)), mins[j]);
+            }
+        }
+    }
+    for j in 0..N {
+        let mut v = [0.0f32; 8];
+        // SAFETY: eight floats into eight slots.
+        unsafe { _mm256_storeu_ps(v.as_mut_ptr(), _mm256_add_ps(acc[j], mins[j])) };
+        out[8 * j..8 * j + 8].copy_from_slice(&v);
+    }
+}
+
+#[target_feature(enable = "avx2,fma,f16c")]
+fn q8_0x8(g: &[u8], a: &Acts, i: usize, out: &mut [f32]) {
+    by_groups!(q8_0x8_n, g, a, i, out)
+}
+
+#[target_feature(enable = "avx2,fma,f16c")]
+fn q8_0x8_n<const N: usize>(g: &[u8], a: &Acts, i: usize, out: &mut [f32]) {
+    let nb = check_group(g, GgmlType::Q8_0, a, i, N, false);
+    let (w, qs, ds) = (g.as_ptr(), a.qs.as_ptr().cast::<u8>(), a.d.as_ptr());
+    let ones = _mm256_set1_epi16(1);
+    let mut acc = [_mm256_setzero_ps(); N];
+    for k in 0..nb {
+        // SAFETY: `check_group` bounds block k of the group and of each activation row.
+        unsafe {
+            let blk = w.add(272 * k);
+            let dw = halves8(blk);
+            let mut s32 = [_mm256_setzero_si256(); N];
+            for c in 0..8 {
+                let qw = load(blk.add(16 + 32 * c));
+                // The weights' signs moved onto the activations (maddubs multiplies unsigned
+                // by signed bytes).
+                let aw = _mm256_sign_epi8(qw, qw);
+                for (j, s) in s32.iter_mut().enumerate() {
+                    let av = broadcast4(qs.add((i + j) * a.cols + 32 * k + 4 * c));
+                    let p = _mm256_madd_epi16(_mm256_maddubs_epi16(aw, _mm256_sign_epi8(av, qw)), ones);
+                    *s = _mm256_add_epi32(*s, p);
+                }
+            }
+            for j in 0..N {
+                let scale = _mm256_mul_ps(dw, _mm256_set1_ps(*ds.add((i + j) * nb + k)));
+                acc[j] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s32[j]), scale, acc[j]);
+            }
+        }
+    }
+    for j in 0..N {
+        let mut v = [0.0f32; 8];
+        // SAFETY: eight floats into eight slots.
+        unsafe { _mm256_storeu_ps(v.as_mut_ptr(), acc[j]) };
+        out[8 * j..8 * j + 8].copy_from_slice(&v);
+    }
+}
+
 /// Quantizes `x` (whole 32-blocks) as ggml's AVX2 `quantize_row_q8_0`/`q8_1` do: scale
 /// 127 / max|x|, rounded half to even; pushes quants, scales (half-precision rounded) and, for
 /// Q8_1, scale × Σ quants.
