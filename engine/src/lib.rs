@@ -24,5 +24,6 @@ pub mod sampler;
 pub mod scheduler;
 pub mod script;
 pub mod server;
+pub mod simd;
 pub mod spec;
 pub use launch::{launch, EngineServer};

@@ -5,38 +5,11 @@
 //! Logits are computed only for the rows that are sampled, as in vLLM: with a 32k vocabulary the
 //! output projection costs more than all layers of the tiny model together.
 
-use rayon::prelude::*;
-
+use super::attention::{attention, KvCache};
 use super::{Executor, SeqStep};
 use crate::block_pool::BlockId;
-use crate::math::{dot, gemm, rmsnorm, rope, softmax, swiglu, View};
+use crate::math::{rmsnorm, rope, swiglu};
 use crate::model::Weights;
-
-/// K and V of every layer, `[num_blocks × block_size × kv_dim]` each.
-pub struct KvCache {
-    k: Vec<Vec<f32>>,
-    v: Vec<Vec<f32>>,
-    block_size: usize,
-    kv_dim: usize,
-}
-
-impl KvCache {
-    pub fn new(n_layers: usize, num_blocks: usize, block_size: usize, kv_dim: usize) -> KvCache {
-        let size = num_blocks * block_size * kv_dim;
-        // vec! of zeros is calloc'd: pages are only touched when a block is first written.
-        KvCache {
-            k: (0..n_layers).map(|_| vec![0.0; size]).collect(),
-            v: (0..n_layers).map(|_| vec![0.0; size]).collect(),
-            block_size,
-            kv_dim,
-        }
-    }
-
-    /// Offset of position `pos` through `table`.
-    fn slot(&self, table: &[BlockId], pos: usize) -> usize {
-        (table[pos / self.block_size] as usize * self.block_size + pos % self.block_size) * self.kv_dim
-    }
-}
 
 /// Runs the llama model on the CPU.
 pub struct LlamaExecutor {
@@ -155,146 +128,6 @@ fn compute(w: &Weights, cache: &mut KvCache, batch: &[(&[u32], usize, &[BlockId]
     logits
 }
 
-/// Query rows up to which attention reads K/V where they lie in the paged cache, with dot
-/// products (a decode step, or one verifying proposals: each row's arithmetic is then exactly a
-/// one-token decode step's, so greedy speculative decoding changes no token); above it, the
-/// sequence's K/V are gathered and multiplied by sgemm.
-const DIRECT_ROWS: usize = crate::spec::MAX_SPECULATIVE_TOKENS + 1;
-
-/// [`attention`] for a few query rows: each head's scores and output from dot products over
-/// the cache's pages, nothing copied.
-#[allow(clippy::too_many_arguments)]
-fn attention_direct(
-    w: &Weights,
-    cache: &KvCache,
-    layer: usize,
-    q: &[f32],
-    out: &mut [f32],
-    n: usize,
-    start: usize,
-    table: &[BlockId],
-) {
-    let c = &w.cfg;
-    let (dim, hs) = (c.dim, c.head_size());
-    let group = c.n_heads / c.n_kv_heads;
-    let scale = 1.0 / (hs as f32).sqrt();
-    let (k, v) = (&cache.k[layer], &cache.v[layer]);
-    let ctx = start + n;
-    let heads: Vec<Vec<f32>> = (0..c.n_heads)
-        .into_par_iter()
-        .map(|h| {
-            let off = (h / group) * hs;
-            let q_row = |i: usize| &q[i * dim + h * hs..i * dim + (h + 1) * hs];
-            // Row i sees positions 0..=start + i; each K and V row is read once for all the
-            // rows that see it.
-            let mut scores = vec![0.0f32; n * ctx];
-            for p in 0..ctx {
-                let s = cache.slot(table, p) + off;
-                let kp = &k[s..s + hs];
-                for i in p.saturating_sub(start)..n {
-                    scores[i * ctx + p] = dot(q_row(i), kp) * scale;
-                }
-            }
-            for i in 0..n {
-                softmax(&mut scores[i * ctx..i * ctx + start + i + 1]);
-            }
-            let mut head = vec![0.0f32; n * hs];
-            for p in 0..ctx {
-                let s = cache.slot(table, p) + off;
-                let vp = &v[s..s + hs];
-                for i in p.saturating_sub(start)..n {
-                    let weight = scores[i * ctx + p];
-                    head[i * hs..(i + 1) * hs].iter_mut().zip(vp).for_each(|(o, v)| *o += weight * v);
-                }
-            }
-            head
-        })
-        .collect();
-    for (h, head) in heads.iter().enumerate() {
-        for (i, r) in head.chunks_exact(hs).enumerate() {
-            out[i * dim + h * hs..i * dim + (h + 1) * hs].copy_from_slice(r);
-        }
-    }
-}
-
-/// Causal attention of `n` new query rows (at positions `start..start+n`) over positions
-/// `0..start+n` of one sequence, read through its block table.
-#[allow(clippy::too_many_arguments)]
-fn attention(
-    w: &Weights,
-    cache: &KvCache,
-    layer: usize,
-    q: &[f32],
-    out: &mut [f32],
-    n: usize,
-    start: usize,
-    table: &[BlockId],
-) {
-    let c = &w.cfg;
-    let (dim, kv_dim, hs) = (c.dim, c.kv_dim(), c.head_size());
-    let ctx = start + n;
-    if n <= DIRECT_ROWS {
-        return attention_direct(w, cache, layer, q, out, n, start, table);
-    }
-    // Gather the sequence's K/V into contiguous rows, a block (16 positions) at a time.
-    let mut kc = vec![0.0f32; ctx * kv_dim];
-    let mut vc = vec![0.0f32; ctx * kv_dim];
-    let bs = cache.block_size;
-    for (bi, &block) in table.iter().enumerate().take(ctx.div_ceil(bs)) {
-        let p0 = bi * bs;
-        let len = (ctx - p0).min(bs) * kv_dim;
-        let s = block as usize * bs * kv_dim;
-        kc[p0 * kv_dim..p0 * kv_dim + len].copy_from_slice(&cache.k[layer][s..s + len]);
-        vc[p0 * kv_dim..p0 * kv_dim + len].copy_from_slice(&cache.v[layer][s..s + len]);
-    }
-    let group = c.n_heads / c.n_kv_heads;
-    let scale = 1.0 / (hs as f32).sqrt();
-    // Heads in parallel, each into its own `[n × hs]` output, then into the rows of `out`.
-    let heads: Vec<Vec<f32>> = (0..c.n_heads)
-        .into_par_iter()
-        .map(|h| {
-            let kvh = h / group;
-            let mut scores = vec![0.0f32; n * ctx];
-            // scores = Q_h · K_hᵀ
-            gemm(
-                n,
-                hs,
-                ctx,
-                View { data: &q[h * hs..], rs: dim, cs: 1 },
-                View { data: &kc[kvh * hs..], rs: 1, cs: kv_dim },
-                &mut scores,
-                ctx,
-                0.0,
-            );
-            for i in 0..n {
-                let visible = start + i + 1;
-                let row = &mut scores[i * ctx..(i + 1) * ctx];
-                row[..visible].iter_mut().for_each(|s| *s *= scale);
-                softmax(&mut row[..visible]);
-                row[visible..].iter_mut().for_each(|s| *s = 0.0);
-            }
-            // out_h = P · V_h
-            let mut head = vec![0.0f32; n * hs];
-            gemm(
-                n,
-                ctx,
-                hs,
-                View { data: &scores, rs: ctx, cs: 1 },
-                View { data: &vc[kvh * hs..], rs: kv_dim, cs: 1 },
-                &mut head,
-                hs,
-                0.0,
-            );
-            head
-        })
-        .collect();
-    for (h, head) in heads.iter().enumerate() {
-        for (i, r) in head.chunks_exact(hs).enumerate() {
-            out[i * dim + h * hs..i * dim + (h + 1) * hs].copy_from_slice(r);
-        }
-    }
-}
-
 impl Executor for LlamaExecutor {
     fn name(&self) -> &'static str {
         "llama"
@@ -331,6 +164,8 @@ impl Executor for LlamaExecutor {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::block_pool::BlockId;
+    use crate::math::softmax;
     use crate::model::{Matrix, ModelConfig};
 
     /// A straightforward single-sequence forward pass over a contiguous cache, written

@@ -5,6 +5,7 @@
 //! - [`llama::LlamaExecutor`]: the real forward pass on the CPU.
 //! - [`sim::SimExecutor`]: a timing model in place of the math, for fleets of simulated replicas.
 
+mod attention;
 pub mod llama;
 pub mod sim;
 
