@@ -9,10 +9,10 @@ use crate::block_pool::BlockId;
 use crate::math::{gemm, softmax, View};
 use crate::model::Weights;
 
-/// K and V of every layer, `[num_blocks × block_size × kv_dim]` each.
+/// K and V of every layer, `[num_blocks × block_size × kv_dim]` each, in half precision.
 pub struct KvCache {
-    pub(super) k: Vec<Vec<f32>>,
-    pub(super) v: Vec<Vec<f32>>,
+    k: Vec<Vec<u16>>,
+    v: Vec<Vec<u16>>,
     block_size: usize,
     kv_dim: usize,
 }
@@ -22,16 +22,24 @@ impl KvCache {
         let size = num_blocks * block_size * kv_dim;
         // vec! of zeros is calloc'd: pages are only touched when a block is first written.
         KvCache {
-            k: (0..n_layers).map(|_| vec![0.0; size]).collect(),
-            v: (0..n_layers).map(|_| vec![0.0; size]).collect(),
+            k: (0..n_layers).map(|_| vec![0; size]).collect(),
+            v: (0..n_layers).map(|_| vec![0; size]).collect(),
             block_size,
             kv_dim,
         }
     }
 
     /// Offset of position `pos` through `table`.
-    pub(super) fn slot(&self, table: &[BlockId], pos: usize) -> usize {
+    fn slot(&self, table: &[BlockId], pos: usize) -> usize {
         (table[pos / self.block_size] as usize * self.block_size + pos % self.block_size) * self.kv_dim
+    }
+
+    /// Stores position `pos`'s K and V rows of `layer`.
+    pub(super) fn write(&mut self, layer: usize, table: &[BlockId], pos: usize, k: &[f32], v: &[f32]) {
+        let s = self.slot(table, pos);
+        let to_halves = crate::simd::kernels().to_halves;
+        to_halves(k, &mut self.k[layer][s..s + self.kv_dim]);
+        to_halves(v, &mut self.v[layer][s..s + self.kv_dim]);
     }
 }
 
@@ -142,8 +150,9 @@ pub(super) fn attention(
         let p0 = bi * bs;
         let len = (ctx - p0).min(bs) * kv_dim;
         let s = block as usize * bs * kv_dim;
-        kc[p0 * kv_dim..p0 * kv_dim + len].copy_from_slice(&cache.k[layer][s..s + len]);
-        vc[p0 * kv_dim..p0 * kv_dim + len].copy_from_slice(&cache.v[layer][s..s + len]);
+        let from_halves = crate::simd::kernels().from_halves;
+        from_halves(&cache.k[layer][s..s + len], &mut kc[p0 * kv_dim..p0 * kv_dim + len]);
+        from_halves(&cache.v[layer][s..s + len], &mut vc[p0 * kv_dim..p0 * kv_dim + len]);
     }
     let group = c.n_heads / c.n_kv_heads;
     let scale = 1.0 / (hs as f32).sqrt();

@@ -93,9 +93,8 @@ fn compute(w: &Weights, cache: &mut KvCache, batch: &[(&[u32], usize, &[BlockId]
                 let p = pos as f32 * c.rope_freq_scale;
                 rope(&mut q[(r + i) * dim..(r + i + 1) * dim], p, hs, c.rope_theta);
                 rope(&mut k[(r + i) * kv_dim..(r + i + 1) * kv_dim], p, hs, c.rope_theta);
-                let s = cache.slot(table, pos);
-                cache.k[l][s..s + kv_dim].copy_from_slice(&k[(r + i) * kv_dim..(r + i + 1) * kv_dim]);
-                cache.v[l][s..s + kv_dim].copy_from_slice(&v[(r + i) * kv_dim..(r + i + 1) * kv_dim]);
+                let row = (r + i) * kv_dim..(r + i + 1) * kv_dim;
+                cache.write(l, table, pos, &k[row.clone()], &v[row]);
             }
             r += tokens.len();
         }
@@ -167,9 +166,11 @@ mod tests {
     use crate::block_pool::BlockId;
     use crate::math::softmax;
     use crate::model::{Matrix, ModelConfig};
+    use crate::quant::formats::{f16_to_f32, f32_to_f16};
 
-    /// A straightforward single-sequence forward pass over a contiguous cache, written
-    /// independently of the batched, paged one: the reference it must match.
+    /// A straightforward single-sequence forward pass over a contiguous cache (K and V rounded
+    /// to half precision, as the cache stores them), written independently of the batched,
+    /// paged one: the reference it must match.
     fn reference_logits(w: &Weights, tokens: &[u32]) -> Vec<f32> {
         let c = &w.cfg;
         let (dim, kv_dim, hs) = (c.dim, c.kv_dim(), c.head_size());
@@ -191,8 +192,11 @@ mod tests {
                 let v = mv(&lw.wv, &xb, kv_dim);
                 rope(&mut q, pos as f32, hs, c.rope_theta);
                 rope(&mut k, pos as f32, hs, c.rope_theta);
-                kcache[l].push(k);
-                vcache[l].push(v);
+                // The cache keeps K and V in half precision.
+                let half =
+                    |x: Vec<f32>| -> Vec<f32> { x.into_iter().map(|v| f16_to_f32(f32_to_f16(v))).collect() };
+                kcache[l].push(half(k));
+                vcache[l].push(half(v));
                 let mut att = vec![0.0; dim];
                 for h in 0..c.n_heads {
                     let kvh = h / (c.n_heads / c.n_kv_heads);

@@ -80,9 +80,9 @@ impl ModelConfig {
         self.vocab_size * d + self.n_layers * (2 * d + 2 * d * d + 2 * d * kv + 3 * d * h) + d
     }
 
-    /// Bytes of K and V for one token across all layers (f32).
+    /// Bytes of K and V for one token across all layers (half precision).
     pub fn kv_bytes_per_token(&self) -> usize {
-        2 * self.n_layers * self.kv_dim() * 4
+        2 * self.n_layers * self.kv_dim() * 2
     }
 
     fn validate(&self) -> Result<(), ModelError> {
@@ -198,7 +198,7 @@ mod tests {
     fn presets_have_the_advertised_sizes() {
         let tiny = ModelConfig::tiny();
         assert!((15_000_000..15_500_000).contains(&tiny.num_params()), "{}", tiny.num_params());
-        assert_eq!(tiny.kv_bytes_per_token(), 13_824);
+        assert_eq!(tiny.kv_bytes_per_token(), 6_912);
         let micro = ModelConfig::micro();
         assert_eq!(micro.kv_dim(), 32);
     }
