@@ -24,6 +24,12 @@ pub struct Args {
     /// Most tokens proposed per step.
     #[arg(long, default_value_t = 4)]
     k: usize,
+    /// Longest suffix looked up.
+    #[arg(long, default_value_t = 4)]
+    lookup_max: usize,
+    /// Shortest suffix looked up.
+    #[arg(long, default_value_t = 2)]
+    lookup_min: usize,
     /// Longest output per request.
     #[arg(long, default_value_t = 160)]
     max_tokens: usize,
@@ -107,7 +113,12 @@ struct Tally {
 }
 
 pub async fn run(a: Args) -> anyhow::Result<()> {
-    let ip = in_process(&a.model, 512, 16, None)?;
+    let mut spec = warmpath_engine::spec::SpecConfig::with_tokens(a.k.max(1));
+    spec.prompt_lookup_max = a.lookup_max;
+    spec.prompt_lookup_min = Some(a.lookup_min);
+    spec.check()?;
+    // The server's lookup settings; each request says how many tokens (0: none).
+    let ip = in_process(&a.model, 512, 16, Some(spec))?;
     let Some(format) = ip.format.as_ref() else {
         anyhow::bail!("{} has no chat template: use a GGUF model", a.model)
     };
@@ -146,6 +157,16 @@ pub async fn run(a: Args) -> anyhow::Result<()> {
                     let sum = if k == 0 { &mut off } else { &mut on };
                     sum.0 += n;
                     sum.1 += g.decode.as_secs_f64();
+                    if std::env::var_os("SPEC_DEBUG").is_some() {
+                        eprintln!(
+                            "k={k} tokens {} drafts {} proposed {} accepted {} decode {:.0} ms",
+                            g.tokens.len(),
+                            after.0 - before.0,
+                            after.1 - before.1,
+                            after.2 - before.2,
+                            g.decode.as_secs_f64() * 1e3
+                        );
+                    }
                     if k > 0 {
                         t.drafts += after.0 - before.0;
                         t.proposed += after.1 - before.1;
@@ -172,10 +193,10 @@ pub async fn run(a: Args) -> anyhow::Result<()> {
     let _ = writeln!(
         md,
         "Model `{}`, greedy, up to {} tokens per answer, one request at a time, proposals of up to {} tokens \
-         (lookup of the last 2–4 tokens), {} round(s) alternating off/on per prompt; decode speed = tokens after \
+         (lookup of the last {}–{} tokens), {} round(s) alternating off/on per prompt; decode speed = tokens after \
          the first / time from first to last token, median of rounds; acceptance from the engine's \
          `vllm:spec_decode_*` counters.\n",
-        a.model, a.max_tokens, a.k, a.repeats
+        a.model, a.max_tokens, a.k, a.lookup_min, a.lookup_max, a.repeats
     );
     let _ = writeln!(
         md,

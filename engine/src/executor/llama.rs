@@ -244,18 +244,22 @@ mod tests {
     #[test]
     fn paged_chunked_batched_attention_equals_contiguous_reference() {
         let w = small();
-        let tokens: Vec<u32> = (0..37).map(|i| (i * 13 % 97) as u32).collect();
+        let tokens: Vec<u32> = (0..57).map(|i| (i * 13 % 97) as u32).collect();
         let want = reference_logits(&w, &tokens);
-        let mut ex = LlamaExecutor::new(w, 16, 4);
-        // Scattered, out-of-order blocks, prefill in three uneven chunks, batched with an
-        // unrelated sequence that uses other blocks.
-        let table: Vec<BlockId> = vec![9, 2, 14, 0, 7, 11, 3, 5, 12, 1];
+        let mut ex = LlamaExecutor::new(w, 24, 4);
+        // Scattered, out-of-order blocks, prefill in three uneven chunks (the middle one longer
+        // than a decode-like step: K/V gathered), batched with an unrelated sequence that uses
+        // other blocks.
+        let table: Vec<BlockId> = vec![9, 2, 14, 0, 7, 11, 3, 5, 12, 1, 20, 17, 15, 16, 22];
         let other_table: Vec<BlockId> = vec![4, 6];
         let other: Vec<u32> = vec![5, 6, 7, 8, 9];
         ex.forward(&[(&tokens[..10], 0, &table, 0), (&other, 0, &other_table, 1)]);
-        ex.forward(&[(&tokens[10..25], 10, &table, 0)]);
-        let got = ex.forward(&[(&other[..0], 5, &other_table, 0), (&tokens[25..], 25, &table, 1)]);
+        ex.forward(&[(&tokens[10..45], 10, &table, 0)]);
+        let got = ex.forward(&[(&other[..0], 5, &other_table, 0), (&tokens[45..], 45, &table, 1)]);
         assert_close(&got, &want);
+        // All at once: every row gathered.
+        let mut ex = LlamaExecutor::new(small(), 24, 4);
+        assert_close(&ex.forward(&[(&tokens, 0, &table, 1)]), &want);
     }
 
     #[test]
