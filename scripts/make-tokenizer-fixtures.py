@@ -4,13 +4,14 @@
 warmpath's loader against; and a chat template with the prompts and ids `transformers`'
 `apply_chat_template` gives, which proxy/src/canon/tests.rs compares warmpath's renderer
 against. Run once by hand (needs `pip install tokenizers transformers jinja2`); the outputs are
-committed, CI only reads them.
+committed, CI only reads them. Names on the command line make only those fixtures.
 
-    python3 scripts/make-tokenizer-fixtures.py
+    python3 scripts/make-tokenizer-fixtures.py [gpt2-style llama3-style llama2-style mistral-style chat]
 """
 import glob
 import json
 import os
+import sys
 
 from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
 
@@ -33,6 +34,8 @@ TEXTS = [
     " ",
     "\n",
     "a",
+    "<s>[INST] Say hi [/INST] Hi!</s>",
+    "▁ already marked ▁▁ spaces",
 ]
 
 
@@ -61,11 +64,35 @@ def train(pre, normalizer, specials, vocab):
     return tok
 
 
+def train_spm(normalizer, pre_tokenizer):
+    """A SentencePiece-style BPE (Llama 2, Mistral): trained on words cut at spaces, with a small
+    alphabet so that rarer characters (CJK, emoji) need the byte fallback; the 256 `<0xXX>`
+    byte tokens are ordinary vocabulary entries after the learned ones, as in Llama's file."""
+    tok = Tokenizer(models.BPE(unk_token="<unk>", byte_fallback=True))
+    tok.pre_tokenizer = pre_tokenizers.Metaspace(replacement="\u2581", prepend_scheme="always", split=True)
+    trainer = trainers.BpeTrainer(
+        vocab_size=2000, special_tokens=["<unk>", "<s>", "</s>"], limit_alphabet=90, show_progress=False
+    )
+    tok.train_from_iterator(corpus(), trainer)
+    doc = json.loads(tok.to_str())
+    vocab = doc["model"]["vocab"]
+    first = max(vocab.values()) + 1
+    for b in range(256):
+        vocab[f"<0x{b:02X}>"] = first + b
+    doc["normalizer"] = normalizer
+    doc["pre_tokenizer"] = pre_tokenizer
+    doc["decoder"] = {"type": "Sequence", "decoders": [
+        {"type": "Replace", "pattern": {"String": "\u2581"}, "content": " "},
+        {"type": "ByteFallback"}, {"type": "Fuse"}, {"type": "Strip", "content": " ", "start": 1, "stop": 0}]}
+    return Tokenizer.from_str(json.dumps(doc))
+
+
 def main():
     os.makedirs(OUT, exist_ok=True)
+    want = set(sys.argv[1:])
     cases = {
-        "gpt2-style": train(pre_tokenizers.ByteLevel(add_prefix_space=False), None, ["<|endoftext|>"], 3000),
-        "llama3-style": train(
+        "gpt2-style": lambda: train(pre_tokenizers.ByteLevel(add_prefix_space=False), None, ["<|endoftext|>"], 3000),
+        "llama3-style": lambda: train(
             pre_tokenizers.Sequence([
                 pre_tokenizers.Split(Regex(LLAMA3), behavior="isolated", invert=False),
                 pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
@@ -74,8 +101,22 @@ def main():
             ["<|endoftext|>", "<|im_start|>", "<|im_end|>"],
             4000,
         ),
+        # Llama 2 / Mistral v0.1: Prepend + Replace normalizers, no pre-tokenizer.
+        "llama2-style": lambda: train_spm(
+            {"type": "Sequence", "normalizers": [
+                {"type": "Prepend", "prepend": "\u2581"},
+                {"type": "Replace", "pattern": {"String": " "}, "content": "\u2581"}]},
+            None,
+        ),
+        # Mistral v0.3 and later: Metaspace, the prefix on the first stretch of text only.
+        "mistral-style": lambda: train_spm(
+            None, {"type": "Metaspace", "replacement": "\u2581", "prepend_scheme": "first", "split": False}
+        ),
     }
-    for name, tok in cases.items():
+    for name, make in cases.items():
+        if want and name not in want:
+            continue
+        tok = make()
         with open(os.path.join(OUT, f"{name}.tokenizer.json"), "w", encoding="utf-8") as fh:
             fh.write(tok.to_str(pretty=False))
         expected = [{"text": t, "ids": tok.encode(t, add_special_tokens=False).ids} for t in TEXTS]
@@ -83,7 +124,8 @@ def main():
             json.dump(expected, fh, ensure_ascii=False, indent=1)
             fh.write("\n")
         print(name, tok.get_vocab_size(), "ids;", sum(len(e["ids"]) for e in expected), "expected ids")
-    chat_fixture()
+    if not want or "chat" in want:
+        chat_fixture()
 
 
 # A tool-calling template in the style of current open models (Qwen 2.5, Hermes): tools as JSON

@@ -44,3 +44,15 @@ pub fn smollm2_path() -> Option<PathBuf> {
     }
     p
 }
+
+/// Where `scripts/llama-cpp-vocabs` puts llama.cpp's tokenizer test vocabularies
+/// (`ggml-vocab-NAME.gguf` with its `.inp` texts and `.out` ids), when they are installed.
+pub fn llama_cpp_vocab_dir() -> Option<PathBuf> {
+    let d = cache_dir().map(|d| d.join("llama.cpp-vocab-11434.0.0")).filter(|d| d.is_dir());
+    if d.is_none() {
+        eprintln!(
+            "llama.cpp's test vocabularies are not installed (scripts/ensure-deps installs them): skipped"
+        );
+    }
+    d
+}

@@ -1,4 +1,9 @@
-//! The built-in tokenizer, `wp32k`: a 32,000-id byte-level BPE that needs no download.
+//! Tokenizers: the built-in `wp32k`, and those a model's files carry — byte-level BPE
+//! (`tokenizer.json`, GGUF `gpt2`) and SentencePiece BPE with byte fallback (GGUF `llama`,
+//! `tokenizer.json` with `byte_fallback`, in [`spm`]). The proxy and the engine both tokenize
+//! through this one implementation.
+//!
+//! `wp32k` is a 32,000-id byte-level BPE that needs no download.
 //!
 //! It is cl100k_base (embedded in the `tiktoken-rs` crate) cut to its first 31,992 merges, plus
 //! eight special tokens at the top of the id range. Cutting a BPE rank table keeps a valid BPE:
@@ -9,6 +14,7 @@
 mod byte_level;
 mod gguf;
 mod hf;
+mod spm;
 
 use std::collections::HashMap;
 use std::sync::{Arc, OnceLock};
@@ -43,8 +49,8 @@ pub enum TokenizerError {
     Unsupported(String),
 }
 
-/// A cheap-to-clone handle on a byte-level BPE tokenizer: the built-in `wp32k`, or one loaded
-/// from a Hugging Face `tokenizer.json` ([`Tokenizer::from_file`]).
+/// A cheap-to-clone handle on a tokenizer: the built-in `wp32k`, or one loaded from a Hugging
+/// Face `tokenizer.json` ([`Tokenizer::from_file`]) or a GGUF file ([`Tokenizer::from_gguf`]).
 #[derive(Clone)]
 pub struct Tokenizer {
     inner: Arc<Inner>,
@@ -52,25 +58,39 @@ pub struct Tokenizer {
 
 struct Inner {
     name: String,
-    /// BPE over ranks; its special-token table is used for decoding only.
-    bpe: CoreBPE,
+    model: Model,
     /// Special (added) tokens and their ids, longest first so the longest match wins.
     specials: Vec<(String, u32)>,
     /// Ids of `specials`, sorted.
     special_ids: Vec<u32>,
     /// First bytes of the special tokens: a quick test before matching.
     special_starts: [bool; 256],
+    vocab_size: usize,
+    /// The pre-tokenizer always splits after a newline followed by a non-space (see [`chunks`]).
+    splits_lines: bool,
+}
+
+/// How ordinary text becomes ids. One per tokenizer, behind its `Arc`: the variants' sizes
+/// do not matter.
+#[allow(clippy::large_enum_variant)]
+enum Model {
+    /// Byte-level BPE, on tiktoken's merge loop.
+    Bpe(Bpe),
+    /// SentencePiece BPE with byte fallback.
+    Spm(spm::Spm),
+}
+
+struct Bpe {
+    /// BPE over ranks; its special-token table is used for decoding only.
+    bpe: CoreBPE,
     /// Rank → id where the file's ids are not the BPE ranks (`wp32k`: they are).
     ids: Option<Vec<u32>>,
     /// Id → rank, the inverse of `ids`.
     ranks: Option<HashMap<u32, Rank>>,
-    vocab_size: usize,
     /// Unicode NFC before splitting (the file's normalizer).
     nfc: bool,
     /// Every digit is its own piece before the pattern splits the rest (SmolLM).
     digits: bool,
-    /// The pre-tokenizer always splits after a newline followed by a non-space (see [`chunks`]).
-    splits_lines: bool,
 }
 
 impl std::fmt::Debug for Tokenizer {
@@ -170,43 +190,20 @@ impl Tokenizer {
 
     /// Encodes text in which special-token strings are plain text (user content).
     pub fn encode(&self, text: &str) -> Vec<u32> {
-        let i = &self.inner;
-        let mut ranks = if i.nfc && !text.is_ascii() {
-            use unicode_normalization::UnicodeNormalization;
-            self.encode_pieces(&text.nfc().collect::<String>())
-        } else {
-            self.encode_pieces(text)
-        };
-        if let Some(ids) = &i.ids {
-            for r in &mut ranks {
-                *r = ids[*r as usize];
-            }
-            ranks.retain(|&id| id != byte_level::DROPPED);
-        }
-        ranks
+        self.encode_ordinary(text, true)
     }
 
-    /// Ranks of `text`: each digit alone first where the pre-tokenizer cuts them out, the pieces
-    /// between split by the pattern.
-    fn encode_pieces(&self, text: &str) -> Vec<Rank> {
-        let bpe = &self.inner.bpe;
-        if !self.inner.digits {
-            return bpe.encode_ordinary(text);
-        }
-        let mut out = Vec::new();
-        let mut from = 0;
-        for (at, c) in text.char_indices().filter(|(_, c)| c.is_numeric()) {
-            if from < at {
-                out.extend(bpe.encode_ordinary(&text[from..at]));
+    /// [`Tokenizer::encode`] of a stretch of text that starts the input (`first`) or follows a
+    /// special token: SentencePiece models may put a `▁` in front of the first only.
+    fn encode_ordinary(&self, text: &str, first: bool) -> Vec<u32> {
+        match &self.inner.model {
+            Model::Bpe(b) => b.encode(text),
+            Model::Spm(m) => {
+                let mut out = Vec::with_capacity(text.len() / 3);
+                m.encode(text, first, &mut out);
+                out
             }
-            let end = at + c.len_utf8();
-            out.extend(bpe.encode_ordinary(&text[at..end]));
-            from = end;
         }
-        if from < text.len() {
-            out.extend(bpe.encode_ordinary(&text[from..]));
-        }
-        out
     }
 
     /// Encodes text in which special-token strings are the special tokens (rendered
@@ -223,7 +220,7 @@ impl Tokenizer {
                 if let Some((s, id)) = i.specials.iter().find(|(s, _)| bytes[at..].starts_with(s.as_bytes()))
                 {
                     if from < at {
-                        out.extend(self.encode(&text[from..at]));
+                        out.extend(self.encode_ordinary(&text[from..at], from == 0));
                     }
                     out.push(*id);
                     at += s.len();
@@ -234,7 +231,7 @@ impl Tokenizer {
             at += 1;
         }
         if from < bytes.len() {
-            out.extend(self.encode(&text[from..]));
+            out.extend(self.encode_ordinary(&text[from..], from == 0));
         }
         out
     }
@@ -254,14 +251,14 @@ impl Tokenizer {
         if let Some(bad) = ids.iter().find(|&&id| id as usize >= i.vocab_size) {
             return Err(TokenizerError::UnknownId(*bad));
         }
-        match &i.ranks {
-            None => i.bpe.decode_bytes(ids as &[Rank]).map_err(|e| TokenizerError::UnknownId(e.token)),
-            Some(ranks) => {
-                let rs: Vec<Rank> = ids
-                    .iter()
-                    .map(|id| ranks.get(id).copied().ok_or(TokenizerError::UnknownId(*id)))
-                    .collect::<Result<_, _>>()?;
-                i.bpe.decode_bytes(&rs).map_err(|e| TokenizerError::UnknownId(e.token))
+        match &i.model {
+            Model::Bpe(b) => b.decode_bytes(ids),
+            Model::Spm(m) => {
+                let mut out = Vec::with_capacity(ids.len() * 4);
+                for &id in ids {
+                    out.extend_from_slice(m.piece(id).ok_or(TokenizerError::UnknownId(id))?);
+                }
+                Ok(out)
             }
         }
     }
@@ -303,7 +300,20 @@ impl Parts<'_> {
             .map_err(|e| TokenizerError::Build(format!("pre-tokenizer pattern: {e}")))?;
         let ranks =
             self.ids.as_ref().map(|ids| ids.iter().enumerate().map(|(r, id)| (*id, r as Rank)).collect());
-        let mut specials = self.specials;
+        let model = Model::Bpe(Bpe { bpe, ids: self.ids, ranks, nfc: self.nfc, digits: self.digits });
+        Ok(Tokenizer::assemble(self.name, model, self.specials, self.vocab_size, self.splits_lines))
+    }
+}
+
+impl Tokenizer {
+    /// The handle on a model and its special tokens.
+    fn assemble(
+        name: String,
+        model: Model,
+        mut specials: Vec<(String, u32)>,
+        vocab_size: usize,
+        splits_lines: bool,
+    ) -> Tokenizer {
         specials.sort_by(|a, b| b.0.len().cmp(&a.0.len()).then(a.0.cmp(&b.0)));
         let mut special_ids: Vec<u32> = specials.iter().map(|(_, id)| *id).collect();
         special_ids.sort_unstable();
@@ -313,21 +323,71 @@ impl Parts<'_> {
                 special_starts[b as usize] = true;
             }
         }
-        Ok(Tokenizer {
+        Tokenizer {
             inner: Arc::new(Inner {
-                name: self.name,
-                bpe,
+                name,
+                model,
                 specials,
                 special_ids,
                 special_starts,
-                ids: self.ids,
-                ranks,
-                vocab_size: self.vocab_size,
-                nfc: self.nfc,
-                digits: self.digits,
-                splits_lines: self.splits_lines,
+                vocab_size,
+                splits_lines,
             }),
-        })
+        }
+    }
+}
+
+impl Bpe {
+    fn encode(&self, text: &str) -> Vec<u32> {
+        let mut ranks = if self.nfc && !text.is_ascii() {
+            use unicode_normalization::UnicodeNormalization;
+            self.encode_pieces(&text.nfc().collect::<String>())
+        } else {
+            self.encode_pieces(text)
+        };
+        if let Some(ids) = &self.ids {
+            for r in &mut ranks {
+                *r = ids[*r as usize];
+            }
+            ranks.retain(|&id| id != byte_level::DROPPED);
+        }
+        ranks
+    }
+
+    /// Ranks of `text`: each digit alone first where the pre-tokenizer cuts them out, the pieces
+    /// between split by the pattern.
+    fn encode_pieces(&self, text: &str) -> Vec<Rank> {
+        let bpe = &self.bpe;
+        if !self.digits {
+            return bpe.encode_ordinary(text);
+        }
+        let mut out = Vec::new();
+        let mut from = 0;
+        for (at, c) in text.char_indices().filter(|(_, c)| c.is_numeric()) {
+            if from < at {
+                out.extend(bpe.encode_ordinary(&text[from..at]));
+            }
+            let end = at + c.len_utf8();
+            out.extend(bpe.encode_ordinary(&text[at..end]));
+            from = end;
+        }
+        if from < text.len() {
+            out.extend(bpe.encode_ordinary(&text[from..]));
+        }
+        out
+    }
+
+    fn decode_bytes(&self, ids: &[u32]) -> Result<Vec<u8>, TokenizerError> {
+        match &self.ranks {
+            None => self.bpe.decode_bytes(ids as &[Rank]).map_err(|e| TokenizerError::UnknownId(e.token)),
+            Some(ranks) => {
+                let rs: Vec<Rank> = ids
+                    .iter()
+                    .map(|id| ranks.get(id).copied().ok_or(TokenizerError::UnknownId(*id)))
+                    .collect::<Result<_, _>>()?;
+                self.bpe.decode_bytes(&rs).map_err(|e| TokenizerError::UnknownId(e.token))
+            }
+        }
     }
 }
 
