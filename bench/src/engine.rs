@@ -41,7 +41,17 @@ pub struct Args {
     /// and measure both over HTTP side by side (see `engine_vs`).
     #[arg(long)]
     vs_llama_cpp: bool,
-    /// Threads each engine computes on (with `--vs-llama-cpp`).
+    /// Instead: how closely the engine's greedy tokens follow llama.cpp's on the same GGUF
+    /// model, and llama.cpp's own with flash attention on and off (see `agreement`).
+    #[arg(long)]
+    agreement: bool,
+    /// Tokens per greedy continuation (with `--agreement`).
+    #[arg(long, default_value_t = 48)]
+    agreement_tokens: usize,
+    /// With `--agreement`: also write llama.cpp's continuations as the engine tests' fixture.
+    #[arg(long)]
+    write_fixture: bool,
+    /// Threads each engine computes on (with `--vs-llama-cpp`, `--agreement`).
     #[arg(long, default_value_t = 2)]
     threads: usize,
 }
@@ -160,13 +170,16 @@ pub fn in_process(
 }
 
 pub async fn run(a: Args) -> anyhow::Result<()> {
-    if a.vs_llama_cpp {
+    if a.vs_llama_cpp || a.agreement {
         let Some(path) = warmpath_wire::models::gguf_of(&a.model) else {
             anyhow::bail!(
-                "--vs-llama-cpp needs a GGUF model (smollm2-135m-instruct or FILE.gguf), not {}",
+                "--vs-llama-cpp and --agreement need a GGUF model (smollm2-135m-instruct or FILE.gguf), not {}",
                 a.model
             )
         };
+        if a.agreement {
+            return crate::agreement::run(&path, a.threads, a.agreement_tokens, a.write_fixture).await;
+        }
         return crate::engine_vs::run(&path, a.repeats, a.threads).await;
     }
     let InProcess { engine, cfg, .. } =

@@ -129,7 +129,7 @@ async fn measure(t: &Target, model: &str, vocab: u32, salt: &mut u32) -> anyhow:
 }
 
 /// llama.cpp's binaries, built once by `scripts/llama-cpp`.
-fn llama_cpp_bin() -> anyhow::Result<PathBuf> {
+pub fn llama_cpp_bin() -> anyhow::Result<PathBuf> {
     let out = Command::new(targets::root().join("scripts/llama-cpp")).output()?;
     anyhow::ensure!(
         out.status.success(),

@@ -1,6 +1,7 @@
 //! `warmpath-bench`: benchmark programs. Each prints figures measured side by side in one run.
 
 mod agent;
+mod agreement;
 mod compare;
 mod engine;
 mod engine_vs;

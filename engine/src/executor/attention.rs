@@ -35,6 +35,10 @@ impl KvCache {
     }
 
     /// Stores position `pos`'s K and V rows of `layer`.
+    pub fn block_size(&self) -> usize {
+        self.block_size
+    }
+
     pub(super) fn write(&mut self, layer: usize, table: &[BlockId], pos: usize, k: &[f32], v: &[f32]) {
         let s = self.slot(table, pos);
         let to_halves = crate::simd::kernels().to_halves;

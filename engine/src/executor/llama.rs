@@ -10,6 +10,7 @@ use super::{Executor, SeqStep};
 use crate::block_pool::BlockId;
 use crate::math::{rmsnorm, rope, swiglu};
 use crate::model::Weights;
+use crate::sampler::argmax;
 
 /// Runs the llama model on the CPU.
 pub struct LlamaExecutor {
@@ -56,6 +57,30 @@ impl LlamaExecutor {
     pub fn forward(&mut self, batch: &[(&[u32], usize, &[BlockId], usize)]) -> Vec<f32> {
         let LlamaExecutor { w, cache, pool } = self;
         pool.install(|| compute(w, cache, batch))
+    }
+
+    /// Greedy decoding of `n` tokens after `prompt`, one token per step as the server decodes
+    /// (blocks from 0 on; no end of text). For comparisons with other engines.
+    pub fn greedy(&mut self, prompt: &[u32], n: usize) -> Vec<u32> {
+        let table: Vec<BlockId> =
+            (0..(prompt.len() + n).div_ceil(self.cache.block_size()) as BlockId).collect();
+        let mut out = vec![argmax(&self.forward(&[(prompt, 0, &table, 1)]))];
+        while out.len() < n {
+            let pos = prompt.len() + out.len() - 1;
+            out.push(argmax(&self.forward(&[(&out[out.len() - 1..], pos, &table, 1)])));
+        }
+        out
+    }
+
+    /// The greedy pick after the prompt and after every token of `forced` but the last (teacher
+    /// forcing: another engine's continuation fed in, this one's choice at each position).
+    pub fn teacher_forced(&mut self, prompt: &[u32], forced: &[u32]) -> Vec<u32> {
+        let mut seq = prompt.to_vec();
+        seq.extend_from_slice(&forced[..forced.len().saturating_sub(1)]);
+        let table: Vec<BlockId> = (0..seq.len().div_ceil(self.cache.block_size()) as BlockId).collect();
+        let rows = forced.len();
+        let logits = self.forward(&[(&seq, 0, &table, rows)]);
+        logits.chunks(self.w.cfg.vocab_size).map(argmax).collect()
     }
 }
 
