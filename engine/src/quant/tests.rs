@@ -113,7 +113,19 @@ fn k_quants_multiply_as_their_dequantized_weights() {
                 blk[at..at + 2].copy_from_slice(&formats::f32_to_f16(0.01).to_le_bytes());
             }
         }
-        check(&QuantMatrix::new(ty, rows, cols, Storage::Owned(bytes.into())).expect("valid"), 2);
+        let m = QuantMatrix::new(ty, rows, cols, Storage::Owned(bytes.into())).expect("valid");
+        for t in [1, 2, 3, 4, 9] {
+            check(&m, t);
+        }
+        // As for the other types: a row's product does not depend on the batch around it.
+        let x = values(9 * cols, 9);
+        let mut all = vec![0.0f32; 9 * rows];
+        matmul(&mut all, &x, 9, &m);
+        for i in 0..9 {
+            let mut one = vec![0.0f32; rows];
+            matmul(&mut one, &x[i * cols..(i + 1) * cols], 1, &m);
+            assert_eq!(&all[i * rows..(i + 1) * rows], &one[..], "{ty:?}: row {i} of 9");
+        }
     }
 }
 

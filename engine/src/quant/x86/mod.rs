@@ -1,5 +1,5 @@
-//! AVX2 + FMA dot products for the hot weight types, picked at run time: 32 quants of a weight
-//! block against 32 activation quants in one `maddubs` (unsigned × signed bytes, pairwise
+//! AVX2 + FMA dot products for the hot weight types (the K-quants in `k_quants`), picked at
+//! run time: 32 quants of a weight block against 32 activation quants in one `maddubs` (unsigned × signed bytes, pairwise
 //! summed), scaled and accumulated in eight float lanes — ggml's own arithmetic, so results
 //! match llama.cpp's to the last rounding of each block. Each weight block is unpacked once for
 //! up to four activation rows (a batch's tokens), and half-precision scales are converted by
@@ -27,6 +27,9 @@ pub(super) fn kernel(ty: GgmlType) -> Option<Kernel> {
         GgmlType::Q8_0 => Some(|row, a, i, out| unsafe { q8_0(row, a, i, out) }),
         GgmlType::Q4_0 => Some(|row, a, i, out| unsafe { q4_0(row, a, i, out) }),
         GgmlType::Q4_1 => Some(|row, a, i, out| unsafe { q4_1(row, a, i, out) }),
+        GgmlType::Q4_K => Some(|row, a, i, out| unsafe { k_quants::q4_k(row, a, i, out) }),
+        GgmlType::Q5_K => Some(|row, a, i, out| unsafe { k_quants::q5_k(row, a, i, out) }),
+        GgmlType::Q6_K => Some(|row, a, i, out| unsafe { k_quants::q6_k(row, a, i, out) }),
         _ => None,
     }
 }
@@ -401,3 +404,5 @@ fn quantize_q8_avx2(x: &[f32], qs: &mut Vec<i8>, d: &mut Vec<f32>, mut sums: Opt
         }
     }
 }
+
+mod k_quants;
