@@ -213,7 +213,7 @@ pub fn run(policy: Policy) -> anyhow::Result<()> {
         .cloned()
         .unwrap_or_else(|| "MODEL".into());
     println!("warmpath listening on http://{listen} (admin http://{}/metrics)", cfg.server.admin);
-    println!("try:\n  curl -s http://{listen}/v1/chat/completions -H 'content-type: application/json' \\\n    -d '{{\"model\":\"{model}\",\"messages\":[{{\"role\":\"system\",\"content\":\"You are a helpful assistant.\"}},{{\"role\":\"user\",\"content\":\"What is the capital of France?\"}}],\"max_tokens\":32}}'");
+    println!("try:\n  curl -s http://{listen}/v1/chat/completions -H 'content-type: application/json' \\\n    -d '{{\"model\":\"{model}\",\"messages\":[{{\"role\":\"system\",\"content\":\"You are a helpful assistant.\"}},{{\"role\":\"user\",\"content\":\"What is the capital of France?\"}}],\"max_tokens\":32,\"temperature\":0}}'");
     // The replicas live as long as the process.
     let _embedded = embedded;
     server.run_forever()

@@ -1,6 +1,6 @@
 //! AVX2 + FMA dot products for the hot weight types (the K-quants in `k_quants`), picked at
-//! run time: 32 quants of a weight block against 32 activation quants in one `maddubs` (unsigned × signed bytes, pairwise
-//! summed), scaled and accumulated in eight float lanes — ggml's own arithmetic, so results
+//! run time: 32 quants of a weight block against 32 activation quants in one `maddubs`
+//! (unsigned × signed bytes, pairwise summed), scaled and accumulated in eight float lanes — ggml's own arithmetic, so results
 //! match llama.cpp's to the last rounding of each block. Each weight block is unpacked once for
 //! up to four activation rows (a batch's tokens), and half-precision scales are converted by
 //! F16C.
