@@ -6,7 +6,7 @@
 use rayon::prelude::*;
 
 use crate::block_pool::BlockId;
-use crate::math::{gemm, softmax, View};
+use crate::math::{gemm, View};
 use crate::model::Weights;
 
 /// K and V of every layer, `[num_blocks × block_size × kv_dim]` each, in half precision.
@@ -34,11 +34,11 @@ impl KvCache {
         (table[pos / self.block_size] as usize * self.block_size + pos % self.block_size) * self.kv_dim
     }
 
-    /// Stores position `pos`'s K and V rows of `layer`.
     pub fn block_size(&self) -> usize {
         self.block_size
     }
 
+    /// Stores position `pos`'s K and V rows of `layer`.
     pub(super) fn write(&mut self, layer: usize, table: &[BlockId], pos: usize, k: &[f32], v: &[f32]) {
         let s = self.slot(table, pos);
         let to_halves = crate::simd::kernels().to_halves;
@@ -91,28 +91,35 @@ fn attention_direct(
                 .flat_map(|h| (0..n).flat_map(move |i| q[i * dim + h * hs..i * dim + (h + 1) * hs].iter()))
                 .map(|x| x * scale)
                 .collect();
+            // A block's rows of this head, as floats: converted once for every query row.
+            let mut rows_f = vec![0.0f32; bs * hs];
+            let convert = |half: &[u16], base: usize, m: usize, rows_f: &mut [f32]| {
+                (simd.rows_from_halves)(&half[base..], kv_dim, hs, &mut rows_f[..m * hs]);
+            };
             for (b, &block) in table.iter().enumerate().take(ctx.div_ceil(bs)) {
                 let (p0, base) = (b * bs, block as usize * bs * kv_dim + off);
+                convert(k, base, (ctx - p0).min(bs), &mut rows_f);
                 for r in 0..rows {
                     let m = visible(r % n, p0);
                     if m > 0 {
                         let qr = &q_scaled[r * hs..(r + 1) * hs];
-                        (simd.dots)(qr, &k[base..], kv_dim, &mut scores[r * ctx + p0..r * ctx + p0 + m]);
+                        (simd.dots)(qr, &rows_f[..m * hs], &mut scores[r * ctx + p0..r * ctx + p0 + m]);
                     }
                 }
             }
             for r in 0..rows {
-                softmax(&mut scores[r * ctx..r * ctx + start + r % n + 1]);
+                (simd.softmax)(&mut scores[r * ctx..r * ctx + start + r % n + 1]);
             }
             let mut out = vec![vec![0.0f32; n * hs]; group];
             for (b, &block) in table.iter().enumerate().take(ctx.div_ceil(bs)) {
                 let (p0, base) = (b * bs, block as usize * bs * kv_dim + off);
+                convert(v, base, (ctx - p0).min(bs), &mut rows_f);
                 for r in 0..rows {
                     let (hg, i) = (r / n, r % n);
                     let m = visible(i, p0);
                     if m > 0 {
                         let w = &scores[r * ctx + p0..r * ctx + p0 + m];
-                        (simd.axpys)(&mut out[hg][i * hs..(i + 1) * hs], w, &v[base..], kv_dim);
+                        (simd.axpys)(&mut out[hg][i * hs..(i + 1) * hs], w, &rows_f[..m * hs]);
                     }
                 }
             }
@@ -181,7 +188,7 @@ pub(super) fn attention(
                 let visible = start + i + 1;
                 let row = &mut scores[i * ctx..(i + 1) * ctx];
                 row[..visible].iter_mut().for_each(|s| *s *= scale);
-                softmax(&mut row[..visible]);
+                (crate::simd::kernels().softmax)(&mut row[..visible]);
                 row[visible..].iter_mut().for_each(|s| *s = 0.0);
             }
             // out_h = P · V_h
