@@ -16,6 +16,8 @@ pub type Dots = fn(q: &[f32], rows: &[f32], out: &mut [f32]);
 pub type Axpys = fn(acc: &mut [f32], w: &[f32], rows: &[f32]);
 /// `x = softmax(x)` in place.
 pub type Softmax = fn(x: &mut [f32]);
+/// `x = e^(x − max)` in place; returns their sum (added in a fixed order).
+pub type Exps = fn(x: &mut [f32], max: f32) -> f32;
 /// Floats to halves (round to nearest even), `out.len() == x.len()`.
 pub type ToHalves = fn(x: &[f32], out: &mut [u16]);
 /// Halves to floats, `out.len() == x.len()`.
@@ -28,6 +30,7 @@ pub struct Kernels {
     pub dots: Dots,
     pub axpys: Axpys,
     pub softmax: Softmax,
+    pub exps: Exps,
     pub to_halves: ToHalves,
     pub from_halves: FromHalves,
     pub rows_from_halves: RowsFromHalves,
@@ -57,6 +60,8 @@ pub fn kernels() -> &'static Kernels {
                 },
                 // SAFETY: as above.
                 softmax: |x| unsafe { x86::softmax(x) },
+                // SAFETY: as above.
+                exps: |x, max| unsafe { x86::exps(x, max) },
                 // SAFETY: as above.
                 to_halves: |x, out| unsafe { x86::to_halves(x, out) },
                 // SAFETY: as above.
@@ -90,6 +95,14 @@ pub fn portable() -> Kernels {
             }
         },
         softmax: crate::math::softmax,
+        exps: |x, max| {
+            let mut sum = 0.0;
+            for v in x.iter_mut() {
+                *v = (*v - max).exp();
+                sum += *v;
+            }
+            sum
+        },
         to_halves: |x, out| {
             out.iter_mut().zip(x).for_each(|(o, v)| *o = f32_to_f16(*v));
         },
@@ -302,6 +315,15 @@ mod x86 {
             return;
         }
         let max = x.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+        // SAFETY: the caller's promise.
+        let inv = 1.0 / unsafe { exps(x, max) };
+        x.iter_mut().for_each(|v| *v *= inv);
+    }
+
+    /// # Safety
+    /// The CPU must have AVX2 and FMA.
+    #[target_feature(enable = "avx2,fma")]
+    pub unsafe fn exps(x: &mut [f32], max: f32) -> f32 {
         let (mv, mut sum) = (_mm256_set1_ps(max), _mm256_setzero_ps());
         // Eight at a time; the last few through a padded copy (their missing lanes are 0).
         let full = x.len() / 8 * 8;
@@ -327,8 +349,7 @@ mod x86 {
             let n = chunk.len();
             chunk.copy_from_slice(&buf[..n]);
         }
-        let inv = 1.0 / hsum(sum);
-        x.iter_mut().for_each(|v| *v *= inv);
+        hsum(sum)
     }
 }
 

@@ -53,8 +53,27 @@ impl KvCache {
 /// sequence's K/V are gathered and multiplied by sgemm.
 const DIRECT_ROWS: usize = crate::spec::MAX_SPECULATIVE_TOKENS + 1;
 
-/// [`attention`] for a few query rows: each head's scores and output from dot products over
-/// the cache's pages, nothing copied.
+/// Positions per piece of the context that one task of [`attention_direct`] covers: fixed, so
+/// that where the context is cut does not depend on how many rows a step computes.
+const CHUNK: usize = 1024;
+
+/// What one task of [`attention_direct`] found for its query rows over its piece of the
+/// context: per row, the largest score, the sum of e^(score − largest) and the weighted sum of
+/// V rows with those weights (`rows × hs`), unnormalized. A row that sees none of the piece has
+/// sum 0.
+struct Partial {
+    max: Vec<f32>,
+    sum: Vec<f32>,
+    out: Vec<f32>,
+}
+
+/// [`attention`] for a few query rows, from dot products over the cache's pages (nothing
+/// gathered). Tasks are (KV head, piece of [`CHUNK`] positions) pairs, so that a long context
+/// keeps every thread reading the cache even with one query row; each task converts a block's
+/// K and V rows to floats once for all the query heads and rows that read them, and the pieces
+/// are merged in order of position (flash-decoding). A row's arithmetic depends only on the
+/// positions it sees: a step verifying proposals computes each of its rows exactly as a
+/// one-token step would.
 #[allow(clippy::too_many_arguments)]
 fn attention_direct(
     w: &Weights,
@@ -75,61 +94,92 @@ fn attention_direct(
     let bs = cache.block_size;
     let kv_dim = cache.kv_dim;
     let simd = crate::simd::kernels();
-    // One task per KV head: its query heads read each block of its K and V while it is in L1.
-    let groups: Vec<Vec<Vec<f32>>> = (0..c.n_kv_heads)
+    let chunk = CHUNK.next_multiple_of(bs);
+    let pieces = ctx.div_ceil(chunk);
+    // Rows of a task: (query head in the group, row) as hg × n + i.
+    let rows = group * n;
+    let partials: Vec<Partial> = (0..c.n_kv_heads * pieces)
         .into_par_iter()
-        .map(|kvh| {
+        .map(|task| {
+            let (kvh, piece) = (task / pieces, task % pieces);
             let off = kvh * hs;
-            let heads = kvh * group..(kvh + 1) * group;
-            // Row i sees positions 0..=start + i; K and V are read a block at a time.
-            let visible = |i: usize, p0: usize| (start + i + 1).saturating_sub(p0).min(bs);
-            // Per (head, row): its scores over the context, its scaled query.
-            let rows = group * n;
-            let mut scores = vec![0.0f32; rows * ctx];
-            let q_scaled: Vec<f32> = heads
-                .clone()
+            let (c0, c1) = (piece * chunk, ((piece + 1) * chunk).min(ctx));
+            // Row i sees positions 0..=start + i: here, c0..seen(i).
+            let seen = |i: usize| (start + i + 1).min(c1);
+            let len = c1 - c0;
+            let q_scaled: Vec<f32> = (kvh * group..(kvh + 1) * group)
                 .flat_map(|h| (0..n).flat_map(move |i| q[i * dim + h * hs..i * dim + (h + 1) * hs].iter()))
                 .map(|x| x * scale)
                 .collect();
+            let mut scores = vec![0.0f32; rows * len];
             // A block's rows of this head, as floats: converted once for every query row.
             let mut rows_f = vec![0.0f32; bs * hs];
-            let convert = |half: &[u16], base: usize, m: usize, rows_f: &mut [f32]| {
-                (simd.rows_from_halves)(&half[base..], kv_dim, hs, &mut rows_f[..m * hs]);
+            let blocks = (c0 / bs..c1.div_ceil(bs)).map(|b| (b * bs, table[b] as usize * bs * kv_dim + off));
+            for (p0, base) in blocks.clone() {
+                let m_all = (c1 - p0).min(bs);
+                (simd.rows_from_halves)(&k[base..], kv_dim, hs, &mut rows_f[..m_all * hs]);
+                for r in 0..rows {
+                    let m = seen(r % n).saturating_sub(p0).min(bs);
+                    if m > 0 {
+                        let at = r * len + p0 - c0;
+                        (simd.dots)(
+                            &q_scaled[r * hs..(r + 1) * hs],
+                            &rows_f[..m * hs],
+                            &mut scores[at..at + m],
+                        );
+                    }
+                }
+            }
+            let mut part = Partial {
+                max: vec![f32::NEG_INFINITY; rows],
+                sum: vec![0.0; rows],
+                out: vec![0.0; rows * hs],
             };
-            for (b, &block) in table.iter().enumerate().take(ctx.div_ceil(bs)) {
-                let (p0, base) = (b * bs, block as usize * bs * kv_dim + off);
-                convert(k, base, (ctx - p0).min(bs), &mut rows_f);
-                for r in 0..rows {
-                    let m = visible(r % n, p0);
-                    if m > 0 {
-                        let qr = &q_scaled[r * hs..(r + 1) * hs];
-                        (simd.dots)(qr, &rows_f[..m * hs], &mut scores[r * ctx + p0..r * ctx + p0 + m]);
-                    }
-                }
-            }
             for r in 0..rows {
-                (simd.softmax)(&mut scores[r * ctx..r * ctx + start + r % n + 1]);
+                let m = seen(r % n).saturating_sub(c0);
+                if m > 0 {
+                    let row = &mut scores[r * len..r * len + m];
+                    let max = row.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+                    part.max[r] = max;
+                    part.sum[r] = (simd.exps)(row, max);
+                }
             }
-            let mut out = vec![vec![0.0f32; n * hs]; group];
-            for (b, &block) in table.iter().enumerate().take(ctx.div_ceil(bs)) {
-                let (p0, base) = (b * bs, block as usize * bs * kv_dim + off);
-                convert(v, base, (ctx - p0).min(bs), &mut rows_f);
+            for (p0, base) in blocks {
+                let m_all = (c1 - p0).min(bs);
+                (simd.rows_from_halves)(&v[base..], kv_dim, hs, &mut rows_f[..m_all * hs]);
                 for r in 0..rows {
-                    let (hg, i) = (r / n, r % n);
-                    let m = visible(i, p0);
+                    let m = seen(r % n).saturating_sub(p0).min(bs);
                     if m > 0 {
-                        let w = &scores[r * ctx + p0..r * ctx + p0 + m];
-                        (simd.axpys)(&mut out[hg][i * hs..(i + 1) * hs], w, &rows_f[..m * hs]);
+                        let at = r * len + p0 - c0;
+                        (simd.axpys)(
+                            &mut part.out[r * hs..(r + 1) * hs],
+                            &scores[at..at + m],
+                            &rows_f[..m * hs],
+                        );
                     }
                 }
             }
-            out
+            part
         })
         .collect();
-    let heads: Vec<&Vec<f32>> = groups.iter().flatten().collect();
-    for (h, head) in heads.iter().enumerate() {
-        for (i, r) in head.chunks_exact(hs).enumerate() {
-            out[i * dim + h * hs..i * dim + (h + 1) * hs].copy_from_slice(r);
+    // Merge each row's pieces in order of position.
+    for kvh in 0..c.n_kv_heads {
+        let parts = &partials[kvh * pieces..(kvh + 1) * pieces];
+        for r in 0..rows {
+            let (hg, i) = (r / n, r % n);
+            let h = kvh * group + hg;
+            let seen: Vec<&Partial> = parts.iter().filter(|p| p.sum[r] > 0.0).collect();
+            let max = seen.iter().map(|p| p.max[r]).fold(f32::NEG_INFINITY, f32::max);
+            let dst = &mut out[i * dim + h * hs..i * dim + (h + 1) * hs];
+            dst.fill(0.0);
+            let mut sum = 0.0f32;
+            for p in seen {
+                let f = (p.max[r] - max).exp();
+                sum += f * p.sum[r];
+                dst.iter_mut().zip(&p.out[r * hs..(r + 1) * hs]).for_each(|(d, o)| *d += f * o);
+            }
+            let inv = 1.0 / sum;
+            dst.iter_mut().for_each(|d| *d *= inv);
         }
     }
 }

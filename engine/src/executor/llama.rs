@@ -300,6 +300,29 @@ mod tests {
         }
     }
 
+    /// Past several pieces of the context that decode attention splits among its tasks (and
+    /// rows that straddle a cut): each row's logits are the reference's, and a step verifying
+    /// several rows gives each exactly the bits of a one-token step.
+    #[test]
+    fn long_contexts_split_among_tasks_equal_the_reference_and_one_token_steps() {
+        let w = small();
+        let tokens: Vec<u32> = (0..1032).map(|i| (i * 31 % 97) as u32).collect();
+        let table: Vec<BlockId> = (0..65).rev().collect();
+        let mut many = LlamaExecutor::new(w.clone(), 70, 16);
+        many.forward(&[(&tokens[..1018], 0, &table, 0)]);
+        let got = many.forward(&[(&tokens[1018..], 1018, &table, 14)]);
+        let mut one = LlamaExecutor::new(w.clone(), 70, 16);
+        one.forward(&[(&tokens[..1018], 0, &table, 0)]);
+        let vocab = w.cfg.vocab_size;
+        for (i, p) in (1018..1032).enumerate() {
+            let step = one.forward(&[(&tokens[p..p + 1], p, &table, 1)]);
+            assert_eq!(&got[i * vocab..(i + 1) * vocab], &step[..], "position {p}");
+            if p % 5 == 0 {
+                assert_close(&step, &reference_logits(&w, &tokens[..=p]));
+            }
+        }
+    }
+
     #[test]
     fn a_step_returns_the_logits_of_each_of_its_last_rows() {
         // A verification step: positions 12..17 computed at once, logits for the last 4.
