@@ -66,6 +66,7 @@ fn params(max_tokens: usize) -> SamplingParams {
         stop_token_ids: Vec::new(),
         forced: Vec::new(),
         speculative: None,
+        logprobs: None,
     }
 }
 

@@ -130,6 +130,7 @@ pub async fn run(a: Args) -> anyhow::Result<()> {
         stop_token_ids: format.stop_ids.clone(),
         forced: Vec::new(),
         speculative: Some(k),
+        logprobs: None,
     };
     let mut tallies: BTreeMap<usize, (&str, Tally)> = BTreeMap::new();
     // Warm-up: weights and cache pages touched once.

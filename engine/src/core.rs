@@ -35,6 +35,8 @@ pub struct RequestOutput {
     pub finish: Option<FinishReason>,
     /// Prompt tokens served from the prefix cache (the same on every output of a request).
     pub cached_tokens: usize,
+    /// The token's log-probabilities, where the request asked for them.
+    pub logprobs: Option<crate::sampler::TokenLogprobs>,
 }
 
 enum Command {
@@ -253,7 +255,12 @@ impl EngineLoop {
                 self.metrics.observe_finished(label, t);
             }
             let Some(token) = o.token else { continue };
-            let out = RequestOutput { token, finish: o.finish, cached_tokens: o.cached_tokens };
+            let out = RequestOutput {
+                token,
+                finish: o.finish,
+                cached_tokens: o.cached_tokens,
+                logprobs: o.logprobs,
+            };
             let gone = self.streams.get(&o.id).is_none_or(|tx| tx.send(out).is_err());
             if o.finish.is_some() || gone {
                 self.streams.remove(&o.id);

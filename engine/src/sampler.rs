@@ -25,19 +25,84 @@ impl Rng {
     }
 }
 
+/// Most alternatives a request may ask log-probabilities for (OpenAI's `top_logprobs` limit).
+pub const MAX_TOP_LOGPROBS: usize = 20;
+
+/// A generated token's log-probability under the model (its raw distribution, before
+/// temperature and top-p, as vLLM reports by default), and the most likely alternatives.
+#[derive(Debug, Clone, PartialEq)]
+pub struct TokenLogprobs {
+    pub logprob: f32,
+    /// (token, log-probability), most likely first.
+    pub top: Vec<(u32, f32)>,
+}
+
+impl TokenLogprobs {
+    /// `token`'s log-probability in `logits` and the `top` most likely tokens'.
+    pub fn of(logits: &[f32], token: u32, top: usize) -> TokenLogprobs {
+        let max = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+        let lse = max + logits.iter().map(|&l| (l - max).exp()).sum::<f32>().ln();
+        let mut best: Vec<(u32, f32)> = Vec::with_capacity(top + 1);
+        if top > 0 {
+            for (i, &l) in logits.iter().enumerate() {
+                if best.len() < top || l > best[best.len() - 1].1 {
+                    let at = best.partition_point(|b| b.1 >= l);
+                    best.insert(at, (i as u32, l));
+                    best.truncate(top);
+                }
+            }
+        }
+        let logprob = logits.get(token as usize).map_or(f32::NEG_INFINITY, |l| l - lse);
+        TokenLogprobs { logprob, top: best.into_iter().map(|(i, l)| (i, l - lse)).collect() }
+    }
+}
+
 /// How one request picks its tokens.
 #[derive(Debug, Clone)]
 pub struct Sampler {
     temperature: f32,
     top_p: f32,
     rng: Rng,
+    /// Alternatives per token whose log-probabilities are kept (`None`: none kept at all).
+    logprobs: Option<usize>,
+    /// Log-probabilities of the tokens the last verification picked, in order.
+    picked: std::collections::VecDeque<TokenLogprobs>,
 }
 
 impl Sampler {
     /// `temperature` ≤ 1e-5 means greedy. `seed` None draws a fresh one.
     pub fn new(temperature: f32, top_p: f32, seed: Option<u64>) -> Sampler {
         let seed = seed.unwrap_or_else(fresh_seed);
-        Sampler { temperature, top_p: top_p.clamp(f32::MIN_POSITIVE, 1.0), rng: Rng::new(seed) }
+        Sampler {
+            temperature,
+            top_p: top_p.clamp(f32::MIN_POSITIVE, 1.0),
+            rng: Rng::new(seed),
+            logprobs: None,
+            picked: Default::default(),
+        }
+    }
+
+    /// Keeps each picked token's log-probability and those of its `top` likeliest alternatives.
+    pub fn with_logprobs(mut self, top: Option<usize>) -> Sampler {
+        self.logprobs = top.map(|t| t.min(MAX_TOP_LOGPROBS));
+        self
+    }
+
+    /// The log-probabilities of the next token the last verification picked (in order; `None`
+    /// where the request did not ask for them).
+    pub fn take_logprobs(&mut self) -> Option<TokenLogprobs> {
+        self.picked.pop_front()
+    }
+
+    /// The raw row, kept before sampling overwrites it, where log-probabilities are asked for.
+    fn raw(&self, row: &[f32]) -> Option<Vec<f32>> {
+        self.logprobs.map(|_| row.to_vec())
+    }
+
+    fn keep(&mut self, raw: Option<Vec<f32>>, token: u32) {
+        if let (Some(raw), Some(top)) = (raw, self.logprobs) {
+            self.picked.push_back(TokenLogprobs::of(&raw, token, top));
+        }
     }
 
     pub fn is_greedy(&self) -> bool {
@@ -51,11 +116,15 @@ impl Sampler {
 
     /// Picks a token from `logits` (overwritten as scratch space).
     pub fn sample(&mut self, logits: &mut [f32]) -> u32 {
-        if self.is_greedy() {
-            return argmax(logits);
-        }
-        self.distribution(logits);
-        self.draw(logits)
+        let raw = self.raw(logits);
+        let token = if self.is_greedy() {
+            argmax(logits)
+        } else {
+            self.distribution(logits);
+            self.draw(logits)
+        };
+        self.keep(raw, token);
+        token
     }
 
     /// Verifies proposed tokens: `logits` holds `drafts.len() + 1` rows, row `i` the logits
@@ -68,10 +137,13 @@ impl Sampler {
     pub fn verify(&mut self, logits: &mut [f32], drafts: &[u32]) -> Vec<u32> {
         let vocab = logits.len() / (drafts.len() + 1);
         let mut out = Vec::with_capacity(drafts.len() + 1);
+        self.picked.clear();
         for (row, &draft) in logits.chunks_exact_mut(vocab).zip(drafts) {
+            let raw = self.raw(row);
             if self.is_greedy() {
                 let t = argmax(row);
                 out.push(t);
+                self.keep(raw, t);
                 if t != draft {
                     return out;
                 }
@@ -81,13 +153,16 @@ impl Sampler {
             let p = row.get(draft as usize).copied().unwrap_or(0.0);
             if self.rng.next_f32() < p {
                 out.push(draft);
+                self.keep(raw, draft);
                 continue;
             }
             // Rejected: the residual max(p - q, 0) with q certain of `draft` is p without it.
             if let Some(x) = row.get_mut(draft as usize) {
                 *x = 0.0;
             }
-            out.push(self.draw(row));
+            let t = self.draw(row);
+            out.push(t);
+            self.keep(raw, t);
             return out;
         }
         let last = &mut logits[drafts.len() * vocab..];
@@ -167,6 +242,25 @@ fn fresh_seed() -> u64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn logprobs_are_log_softmax_with_the_top_alternatives() {
+        let logits = [1.0f32, 3.0, 2.0, 3.0, -1.0];
+        let lse = logits.iter().map(|l| l.exp()).sum::<f32>().ln();
+        let lp = TokenLogprobs::of(&logits, 2, 3);
+        assert!((lp.logprob - (2.0 - lse)).abs() < 1e-6);
+        // Most likely first; equal ones in id order.
+        assert_eq!(lp.top.iter().map(|t| t.0).collect::<Vec<_>>(), [1, 3, 2]);
+        assert!((lp.top[0].1 - (3.0 - lse)).abs() < 1e-6);
+        assert!(TokenLogprobs::of(&logits, 0, 0).top.is_empty());
+        // Kept per picked token, from the rows as they were before sampling overwrote them.
+        let mut s = Sampler::new(0.0, 1.0, Some(1)).with_logprobs(Some(2));
+        let mut rows = [logits, logits].concat();
+        let picked = s.verify(&mut rows, &[1]);
+        assert_eq!(picked, [1, 1]);
+        assert_eq!(s.take_logprobs(), Some(TokenLogprobs::of(&logits, 1, 2)));
+        assert!(s.take_logprobs().is_some() && s.take_logprobs().is_none());
+    }
 
     #[test]
     fn greedy_takes_the_max() {

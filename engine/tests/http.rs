@@ -308,3 +308,98 @@ async fn a_choice_ended_by_a_stop_string_is_aborted_while_its_siblings_run_on() 
         generated = now;
     }
 }
+
+/// Log-probabilities, as OpenAI's routes give them: one entry per generated token, the greedy
+/// pick the likeliest of its alternatives, tokens that spell the text; also streamed, and with
+/// speculative decoding (a verification step's tokens each get their own row's values).
+#[tokio::test]
+async fn logprobs_follow_the_generated_tokens() {
+    let e = micro().await;
+    let check_entries = |content: &[Value], text: &str, n: usize| {
+        assert_eq!(content.len(), n, "one entry per token");
+        let spelled: String = content.iter().map(|c| c["token"].as_str().expect("token")).collect();
+        assert_eq!(spelled, text);
+        for c in content {
+            let lp = c["logprob"].as_f64().expect("logprob");
+            let top = c["top_logprobs"].as_array().expect("top");
+            assert_eq!(top.len(), 3);
+            assert!(
+                lp <= 0.0 && (top[0]["logprob"].as_f64().expect("lp") - lp).abs() < 1e-5,
+                "greedy: the likeliest"
+            );
+            assert!(top.windows(2).all(|w| w[0]["logprob"].as_f64() >= w[1]["logprob"].as_f64()));
+            assert_eq!(c["bytes"].as_array().map(Vec::len), Some(c["token"].as_str().expect("t").len()));
+        }
+    };
+    for extra in [json!({}), json!({"num_speculative_tokens": 3})] {
+        let mut body = json!({"model": "micro", "messages": [{"role": "user", "content": "a b a b a b a b"}],
+                              "max_tokens": 12, "temperature": 0, "logprobs": true, "top_logprobs": 3,
+                              "ignore_eos": true});
+        body.as_object_mut().expect("object").extend(extra.as_object().expect("object").clone());
+        let (s, r) = post_json(e.addr, "/v1/chat/completions", body.clone()).await;
+        assert_eq!(s, 200, "{r}");
+        let text = r["choices"][0]["message"]["content"].as_str().expect("text").to_owned();
+        let content = r["choices"][0]["logprobs"]["content"].as_array().expect("content").clone();
+        check_entries(&content, &text, 12);
+        // Streamed: the same entries, spread over the chunks.
+        body["stream"] = json!(true);
+        let resp = post_streaming(e.addr, "/v1/chat/completions", body).await;
+        let raw = resp.into_body().collect().await.expect("body").to_bytes();
+        let events = sse_data(&String::from_utf8_lossy(&raw));
+        let streamed: Vec<Value> = events[..events.len() - 1]
+            .iter()
+            .map(|e| serde_json::from_str::<Value>(e).expect("json"))
+            .filter_map(|c| c["choices"][0]["logprobs"]["content"].as_array().cloned())
+            .flatten()
+            .collect();
+        assert_eq!(streamed, content, "{extra}");
+    }
+    let (_, m) = get(e.addr, "/metrics").await;
+    assert!(
+        metric(&m, "vllm:spec_decode_num_accepted_tokens_total{").is_some_and(|a| a > 0.0),
+        "proposals were kept"
+    );
+    // Completions: tokens, token_logprobs, top_logprobs (maps), text_offset.
+    let body = json!({"model": "micro", "prompt": "once upon a time", "max_tokens": 6, "temperature": 0,
+                      "logprobs": 2, "ignore_eos": true});
+    let (s, r) = post_json(e.addr, "/v1/completions", body).await;
+    assert_eq!(s, 200, "{r}");
+    let lp = &r["choices"][0]["logprobs"];
+    let tokens: Vec<&str> =
+        lp["tokens"].as_array().expect("tokens").iter().map(|t| t.as_str().expect("t")).collect();
+    assert_eq!(tokens.concat(), r["choices"][0]["text"].as_str().expect("text"));
+    assert_eq!(lp["token_logprobs"].as_array().map(Vec::len), Some(6));
+    assert!(lp["top_logprobs"]
+        .as_array()
+        .expect("top")
+        .iter()
+        .all(|m| m.as_object().is_some_and(|m| !m.is_empty() && m.len() <= 2)));
+    let offsets: Vec<u64> =
+        lp["text_offset"].as_array().expect("offsets").iter().map(|o| o.as_u64().expect("o")).collect();
+    assert_eq!(offsets[0], 0);
+    assert!(offsets.windows(2).all(|w| w[0] <= w[1]));
+    // Without the fields: null, as before.
+    let (_, r) =
+        post_json(e.addr, "/v1/completions", json!({"model": "micro", "prompt": "x", "max_tokens": 2})).await;
+    assert!(r["choices"][0]["logprobs"].is_null());
+    // Bad values: 400 naming the field.
+    for (path, body, param) in [
+        (
+            "/v1/chat/completions",
+            json!({"messages": [{"role": "user", "content": "x"}], "top_logprobs": 2}),
+            "top_logprobs",
+        ),
+        (
+            "/v1/chat/completions",
+            json!({"messages": [{"role": "user", "content": "x"}], "logprobs": true, "top_logprobs": 50}),
+            "top_logprobs",
+        ),
+        ("/v1/completions", json!({"prompt": "x", "logprobs": -1}), "logprobs"),
+    ] {
+        let mut body = body;
+        body["model"] = json!("micro");
+        let (s, r) = post_json(e.addr, path, body).await;
+        assert_eq!(s, 400, "{r}");
+        assert_eq!(r["error"]["param"], param);
+    }
+}

@@ -309,6 +309,7 @@ impl Scheduler {
                     ttft: None,
                     itl: None,
                     timings: None,
+                    logprobs: s.sampler.take_logprobs(),
                 };
                 match s.last_token {
                     None => {

@@ -7,7 +7,7 @@ use warmpath_wire::openai::FinishReason;
 use warmpath_wire::prefix::BlockHash;
 
 use crate::block_pool::BlockId;
-use crate::sampler::Sampler;
+use crate::sampler::{Sampler, TokenLogprobs};
 use crate::spec::Drafter;
 
 /// What a request asks of generation.
@@ -25,6 +25,8 @@ pub struct SamplingParams {
     /// Most tokens proposed per step by n-gram lookup for this request (0: none); `None`: the
     /// server's `--speculative-config`.
     pub speculative: Option<usize>,
+    /// Log-probabilities of each generated token and of this many alternatives (`None`: none).
+    pub logprobs: Option<usize>,
 }
 
 /// One request in the engine.
@@ -55,7 +57,8 @@ pub struct Sequence {
 
 impl Sequence {
     pub fn new(id: u64, prompt: Vec<u32>, params: SamplingParams, cache_salt: Option<String>) -> Sequence {
-        let sampler = Sampler::new(params.temperature, params.top_p, params.seed);
+        let sampler =
+            Sampler::new(params.temperature, params.top_p, params.seed).with_logprobs(params.logprobs);
         Sequence {
             id,
             num_prompt: prompt.len(),
@@ -106,6 +109,8 @@ pub struct SeqOutput {
     pub itl: Option<Duration>,
     /// Set when finished.
     pub timings: Option<FinishTimings>,
+    /// The token's log-probabilities, where the request asked for them.
+    pub logprobs: Option<TokenLogprobs>,
 }
 
 /// Phase durations of a finished request (vLLM's request histograms).

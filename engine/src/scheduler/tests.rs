@@ -27,6 +27,7 @@ fn params(max_tokens: usize) -> SamplingParams {
         stop_token_ids: vec![0],
         forced: Vec::new(),
         speculative: None,
+        logprobs: None,
     }
 }
 

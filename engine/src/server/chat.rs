@@ -13,6 +13,7 @@ use warmpath_wire::openai::{
 };
 
 use super::generate::{self, ChunkFormat, ResponseMeta, SamplingFields};
+use super::logprobs::{self, Entry};
 use super::{check_model, read_body, AppState, ErrorReply};
 use warmpath_wire::tool_calls::{self, CallParser, Parsed};
 
@@ -50,7 +51,9 @@ async fn run(state: Arc<AppState>, body: Body) -> Result<Response, ApiError> {
         stop: req.stop.clone(),
         extra: &req.extra,
         forced,
+        logprobs: logprobs::chat_request(&req.extra)?,
     };
+    let fields_logprobs = fields.logprobs;
     let choices = fields.choices(&state, vec![prompt])?;
     let running = generate::submit(&state, choices, req.cache_salt.clone())?;
     let meta = ResponseMeta::new("chatcmpl", &running, &req.model, req.stream_options.as_ref());
@@ -62,6 +65,7 @@ async fn run(state: Arc<AppState>, body: Body) -> Result<Response, ApiError> {
         let parsers = tools.then(|| Mutex::new(HashMap::new()));
         return Ok(generate::stream(running, ChatFormat { meta, parsers, id_prefix }, faults));
     }
+    let want_logprobs = fields_logprobs.is_some();
     let (results, usage) = generate::collect(running).await;
     let resp = ChatCompletion {
         id: meta.id,
@@ -82,7 +86,7 @@ async fn run(state: Arc<AppState>, body: Body) -> Result<Response, ApiError> {
                 ChatChoice {
                     index: r.index,
                     message: AssistantMessage { role: Role::Assistant, content, tool_calls: calls },
-                    logprobs: None,
+                    logprobs: want_logprobs.then(|| logprobs::chat_json(&r.logprobs)),
                     finish_reason: Some(finish),
                 }
             })
@@ -132,6 +136,11 @@ impl ChatFormat {
         self.chunk(vec![ChunkChoice { index, delta, logprobs: None, finish_reason: finish }], None)
     }
 
+    fn one_with(&self, index: u32, delta: Delta, lp: &[Entry]) -> String {
+        let logprobs = (!lp.is_empty()).then(|| logprobs::chat_json(lp));
+        self.chunk(vec![ChunkChoice { index, delta, logprobs, finish_reason: None }], None)
+    }
+
     /// Runs `f` on the choice's parser; `None` without tools.
     fn with_parser<T>(&self, index: u32, f: impl FnOnce(&mut CallParser) -> T) -> Option<T> {
         let parsers = self.parsers.as_ref()?;
@@ -175,7 +184,7 @@ impl ChunkFormat for ChatFormat {
         Some(self.one(index, delta, None))
     }
 
-    fn delta(&self, index: u32, text: &str) -> Option<String> {
+    fn delta(&self, index: u32, text: &str, lp: &[Entry]) -> Option<String> {
         let delta = match self.with_parser(index, |p| {
             let before = p.calls();
             delta_of(p.push(text), before)
@@ -184,7 +193,7 @@ impl ChunkFormat for ChatFormat {
             Some(d) => d,
             None => Delta { content: Some(text.to_owned()), ..Delta::default() },
         };
-        Some(self.one(index, delta, None))
+        Some(self.one_with(index, delta, lp))
     }
 
     fn finish(&self, index: u32, reason: FinishReason) -> String {

@@ -1,6 +1,7 @@
 //! `POST /v1/completions`: prompts as text or token ids, one or several.
 
-use std::sync::Arc;
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
 
 use axum::body::Body;
 use axum::extract::State;
@@ -10,6 +11,7 @@ use warmpath_wire::openai::{
 };
 
 use super::generate::{self, ChunkFormat, ResponseMeta, SamplingFields};
+use super::logprobs::{self, Entry};
 use super::{check_model, read_body, AppState, ErrorReply};
 
 pub async fn handle(State(state): State<Arc<AppState>>, body: Body) -> Response {
@@ -52,12 +54,15 @@ async fn run(state: Arc<AppState>, body: Body) -> Result<Response, ApiError> {
         stop: req.stop.clone(),
         extra: &req.extra,
         forced: Vec::new(),
+        logprobs: logprobs::completion_request(&req.extra)?,
     };
+    let want_logprobs = fields.logprobs.is_some();
     let choices = fields.choices(&state, prompts)?;
     let running = generate::submit(&state, choices, req.cache_salt.clone())?;
     let meta = ResponseMeta::new("cmpl", &running, &req.model, req.stream_options.as_ref());
     if req.stream.unwrap_or(false) {
-        return Ok(generate::stream(running, CompletionFormat(meta), faults));
+        let offsets = want_logprobs.then(|| Mutex::new(HashMap::new()));
+        return Ok(generate::stream(running, CompletionFormat { meta, offsets }, faults));
     }
     let (results, usage) = generate::collect(running).await;
     let resp = Completion {
@@ -70,8 +75,8 @@ async fn run(state: Arc<AppState>, body: Body) -> Result<Response, ApiError> {
             .into_iter()
             .map(|r| CompletionChoice {
                 index: r.index,
+                logprobs: want_logprobs.then(|| logprobs::completion_json(&r.logprobs, 0)),
                 text: r.text,
-                logprobs: None,
                 finish_reason: Some(r.finish),
             })
             .collect(),
@@ -80,18 +85,23 @@ async fn run(state: Arc<AppState>, body: Body) -> Result<Response, ApiError> {
     generate::json_reply(&resp, &faults)
 }
 
-struct CompletionFormat(ResponseMeta);
+struct CompletionFormat {
+    meta: ResponseMeta,
+    /// Per choice, the characters of its text sent so far, where log-probabilities are asked
+    /// for (their `text_offset`).
+    offsets: Option<Mutex<HashMap<u32, usize>>>,
+}
 
 impl CompletionFormat {
     fn chunk(&self, choices: Vec<CompletionChoice>, usage: Option<Usage>) -> String {
         let c = Completion {
-            id: self.0.id.clone(),
+            id: self.meta.id.clone(),
             object: "text_completion".into(),
-            created: self.0.created,
-            model: self.0.model.clone(),
+            created: self.meta.created,
+            model: self.meta.model.clone(),
             system_fingerprint: None,
             choices,
-            usage: self.0.chunk_usage(usage.as_ref()),
+            usage: self.meta.chunk_usage(usage.as_ref()),
         };
         serde_json::to_string(&c).unwrap_or_default()
     }
@@ -99,16 +109,23 @@ impl CompletionFormat {
 
 impl ChunkFormat for CompletionFormat {
     fn meta(&self) -> &ResponseMeta {
-        &self.0
+        &self.meta
     }
 
     fn opening(&self, _index: u32) -> Option<String> {
         None
     }
 
-    fn delta(&self, index: u32, text: &str) -> Option<String> {
+    fn delta(&self, index: u32, text: &str, lp: &[Entry]) -> Option<String> {
+        let logprobs = self.offsets.as_ref().map(|o| {
+            let mut o = o.lock().unwrap_or_else(|e| e.into_inner());
+            let at = o.entry(index).or_insert(0);
+            let json = logprobs::completion_json(lp, *at);
+            *at += text.chars().count();
+            json
+        });
         Some(self.chunk(
-            vec![CompletionChoice { index, text: text.to_owned(), logprobs: None, finish_reason: None }],
+            vec![CompletionChoice { index, text: text.to_owned(), logprobs, finish_reason: None }],
             None,
         ))
     }

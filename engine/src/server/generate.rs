@@ -18,6 +18,7 @@ use tokio::sync::mpsc;
 use warmpath_wire::openai::{unix_now, ApiError, FinishReason, StreamOptions, Usage};
 use warmpath_wire::tokenizer::Tokenizer;
 
+use super::logprobs::Entry;
 use super::text::TextState;
 use super::AppState;
 use crate::core::{RequestOutput, RequestStream};
@@ -40,6 +41,8 @@ pub struct ChoiceResult {
     pub index: u32,
     pub text: String,
     pub finish: FinishReason,
+    /// Per generated token, where the request asked for log-probabilities.
+    pub logprobs: Vec<Entry>,
 }
 
 /// What every response and chunk of one request repeats.
@@ -77,8 +80,9 @@ pub trait ChunkFormat: Send + Sync + 'static {
     fn meta(&self) -> &ResponseMeta;
     /// Sent once per choice before its first text (chat: the assistant role).
     fn opening(&self, index: u32) -> Option<String>;
-    /// A chunk for new text; `None` when nothing is to be sent yet (held back by a parser).
-    fn delta(&self, index: u32, text: &str) -> Option<String>;
+    /// A chunk for new text and the log-probabilities of the tokens it came from (where
+    /// asked for); `None` when nothing is to be sent yet (held back by a parser).
+    fn delta(&self, index: u32, text: &str, logprobs: &[Entry]) -> Option<String>;
     fn finish(&self, index: u32, reason: FinishReason) -> String;
     fn usage(&self, usage: &Usage) -> String;
 }
@@ -115,6 +119,8 @@ pub struct SamplingFields<'a> {
     pub extra: &'a serde_json::Map<String, serde_json::Value>,
     /// Scripted output tokens (the `--script` test hook); empty to sample.
     pub forced: Vec<u32>,
+    /// Log-probabilities with this many alternatives per token (`None`: not asked for).
+    pub logprobs: Option<usize>,
 }
 
 impl SamplingFields<'_> {
@@ -190,6 +196,7 @@ impl SamplingFields<'_> {
                         stop_token_ids: stop_token_ids.clone(),
                         forced: self.forced.clone(),
                         speculative,
+                        logprobs: self.logprobs,
                     },
                     stops: stops.clone(),
                 });
@@ -257,6 +264,8 @@ struct ChoiceEvent {
     output: RequestOutput,
     /// Text now safe to send (possibly empty).
     text: String,
+    /// The token's log-probabilities, where asked for.
+    logprob: Option<Entry>,
     /// Set on the choice's last event.
     finish: Option<FinishReason>,
 }
@@ -273,7 +282,15 @@ impl Choice {
             text.push_str(&self.text.finish());
             self.finished = true;
         }
-        Some(ChoiceEvent { index: self.index, prompt_index: self.prompt_index, output, text, finish })
+        let logprob = output.logprobs.as_ref().map(|lp| Entry::new(&self.tok, output.token, lp));
+        Some(ChoiceEvent {
+            index: self.index,
+            prompt_index: self.prompt_index,
+            output,
+            text,
+            logprob,
+            finish,
+        })
     }
 }
 
@@ -310,12 +327,14 @@ pub async fn collect(running: Running) -> (Vec<ChoiceResult>, Usage) {
     for mut c in running.choices {
         let mut text = String::new();
         let mut finish = FinishReason::Abort;
+        let mut logprobs = Vec::new();
         while let Some(ev) = c.next().await {
             tally.record(&ev);
             text.push_str(&ev.text);
+            logprobs.extend(ev.logprob);
             finish = ev.finish.unwrap_or(finish);
         }
-        results.push(ChoiceResult { index: c.index, text, finish });
+        results.push(ChoiceResult { index: c.index, text, finish, logprobs });
     }
     (results, tally.usage())
 }
@@ -354,15 +373,22 @@ async fn pump(running: Running, fmt: &impl ChunkFormat, faults: &RequestFaults, 
         merged.push(Box::pin(stream::unfold(c, |mut c| async move { c.next().await.map(|ev| (ev, c)) })));
     }
     let mut sent_tokens = 0usize;
-    while let Some(ev) = merged.next().await {
+    // Per choice, log-probabilities of tokens whose text has not gone out yet.
+    let mut pending: HashMap<u32, Vec<Entry>> = HashMap::new();
+    while let Some(mut ev) = merged.next().await {
         tally.record(&ev);
         let mut frames = Vec::new();
         if let Some(open) = openings.remove(&ev.index) {
             frames.push(sse(&open));
         }
-        if let Some(json) = Some(&ev.text).filter(|t| !t.is_empty()).and_then(|t| fmt.delta(ev.index, t)) {
+        let held = pending.entry(ev.index).or_default();
+        held.extend(ev.logprob.take());
+        // Text goes out as it comes; log-probabilities with it, or with the last chunk.
+        let flush = !ev.text.is_empty() || (ev.finish.is_some() && !held.is_empty());
+        if let Some(json) = Some(&ev.text).filter(|_| flush).and_then(|t| fmt.delta(ev.index, t, held)) {
             frames.push(if faults.malformed { sse(&json[..json.len() / 2]) } else { sse(&json) });
             sent_tokens += 1;
+            held.clear();
         }
         if let Some(f) = ev.finish {
             frames.push(sse(&fmt.finish(ev.index, f)));

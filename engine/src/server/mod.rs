@@ -8,6 +8,7 @@
 mod chat;
 mod completions;
 mod generate;
+mod logprobs;
 mod text;
 mod tokenize;
 
