@@ -14,7 +14,7 @@ import sys
 LAYERS = [
     ["config", "request", "observe"],          # foundations: plain data, the parsed request, metrics
     ["limits", "upstream"],                    # connection-level limits, connections to backends
-    ["tools"],                                 # deferred tool discovery (pure)
+    ["tools", "safety"],                       # deferred tool discovery, safety checks (pure)
     ["canon", "cache", "session", "route", "embedded"],  # the stages, each owning its state
     ["state"],                                 # shared state, pools with every stage's part, request context
     ["pipeline"],                              # one LLM request through the stages, in order

@@ -6,9 +6,10 @@
 //! 1. foundations: [`config`] (the policy file, plain data), [`request`] (the parsed request),
 //!    [`observe`] (metrics; the admin listener), [`limits`], [`upstream`] (connections to
 //!    backends);
-//! 2. stages, each owning its state: [`tools`] (deferred tools), [`canon`] (stable prefixes),
-//!    [`cache`] (response cache), [`session`] (conversation store), [`route`] (pools, policies,
-//!    health, prefix index); and [`embedded`] (bundled engine replicas);
+//! 2. stages, each owning its state: [`tools`] (deferred tools), [`safety`] (checks),
+//!    [`canon`] (stable prefixes), [`cache`] (response cache), [`session`] (conversation
+//!    store), [`route`] (pools, policies, health, prefix index); and [`embedded`] (bundled
+//!    engine replicas);
 //! 3. [`state`]: the process's shared state, each pool with every stage's part, the request
 //!    context;
 //! 4. [`pipeline`]: one LLM request through the stages, in order;
@@ -30,6 +31,7 @@ pub mod pipeline;
 pub mod request;
 pub mod responses;
 pub mod route;
+pub mod safety;
 pub mod server;
 pub mod session;
 pub mod state;
