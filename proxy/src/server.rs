@@ -25,6 +25,7 @@ use crate::route::events::EventFeeds;
 use crate::route::health::HealthChecker;
 use crate::route::load::LoadScraper;
 use crate::route::{self, BackendSpec, Fleet, PromptUnits};
+use crate::safety::Safety;
 use crate::state::{self, AppState, Pools};
 use crate::upstream::Upstream;
 
@@ -101,6 +102,9 @@ fn build_pools(policy: Policy, embedded: &Embedded, metrics: &Metrics) -> Result
             response_cache: pc.response_cache.enabled.then(|| ResponseCache::new(&pc.response_cache)),
             responses: pc.responses,
             responses_tokens: pc.responses_tokens,
+            safety: Safety::from_config(&pc.safety)
+                .map_err(|e| format!("pools[{i}].safety: {e}"))?
+                .map(Arc::new),
         };
         pools.push((pool, pc.models.clone()));
     }

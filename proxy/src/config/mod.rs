@@ -7,6 +7,7 @@
 mod canon;
 mod load;
 mod pool;
+mod safety;
 mod sessions;
 mod types;
 mod validate;
@@ -17,6 +18,7 @@ pub use pool::{
     BackendConfig, CacheAwareConfig, EmbeddedConfig, EmbeddedExecutor, IndexMode, PolicyKind, PoolConfig,
     PrefixHashConfig, ResponseCacheConfig, ResponsesMode, SessionConfig,
 };
+pub use safety::{RuleAction, RulesConfig, SafetyConfig, DETECTORS};
 pub use sessions::{ConversationConfig, StoreKind, WebSocketConfig};
 pub use types::{BackendUrl, Pattern, Ratio, RedisUrl};
 pub use validate::{validate, Invalid, PathSeg};

@@ -2,7 +2,7 @@
 
 use serde::Deserialize;
 
-use super::{yes, BackendUrl, CanonConfig, ToolsConfig};
+use super::{yes, BackendUrl, CanonConfig, SafetyConfig, ToolsConfig};
 
 /// `[[pools]]`: a set of interchangeable backends serving some models.
 #[derive(Debug, Clone, Deserialize)]
@@ -37,6 +37,8 @@ pub struct PoolConfig {
     pub tools: ToolsConfig,
     #[serde(default)]
     pub response_cache: ResponseCacheConfig,
+    #[serde(default)]
+    pub safety: SafetyConfig,
     #[serde(default)]
     pub backends: Vec<BackendConfig>,
     /// Start bundled engine replicas instead of naming backends.

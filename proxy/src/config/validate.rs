@@ -179,6 +179,32 @@ pub fn validate(cfg: &Config) -> Result<(), Invalid> {
                 pool.prefix_hash.load_factor
             )));
         }
+        if let Some(rules) = &pool.safety.rules {
+            let r = p.key("safety").key("rules");
+            for (k, d) in rules.detect.iter().enumerate() {
+                if !super::DETECTORS.contains(&d.as_str()) {
+                    return Err(r
+                        .key("detect")
+                        .index(k)
+                        .err(format!("unknown detector {d:?} (known: {})", super::DETECTORS.join(", "))));
+                }
+            }
+            let redacts = |a: &super::RuleAction| *a == super::RuleAction::Redact;
+            if redacts(&rules.default_action) || rules.actions.values().any(redacts) {
+                return Err(r.key("actions").err(
+                    "redact is not supported yet for input checks (the request would have to be \
+                     rewritten); use block or log",
+                ));
+            }
+            for name in rules.actions.keys() {
+                if !super::DETECTORS.contains(&name.as_str()) && !rules.deny.contains_key(name) {
+                    return Err(r
+                        .key("actions")
+                        .key(name)
+                        .err("names neither a detector nor a deny pattern"));
+                }
+            }
+        }
         let c = p.key("canon");
         positive(c.key("block_size"), pool.canon.block_size as u64)?;
         positive(c.key("chunk_bytes"), pool.canon.chunk_bytes as u64)?;

@@ -56,6 +56,12 @@ pub struct Metrics {
     /// `reason` (`model_not_found`, `bad_request`, `too_large`, `no_backend`, `overloaded`, ...):
     /// requests answered by warmpath itself with an error.
     pub rejections: IntCounterVec,
+    /// Safety checks run, by pool, check, stage (input/output) and verdict.
+    pub safety_checks: IntCounterVec,
+    /// Safety findings, by pool, check, category and the action taken.
+    pub safety_findings: IntCounterVec,
+    /// Time a safety check took, by check.
+    pub safety_check_seconds: HistogramVec,
     /// Clients that went away before their response was complete.
     pub client_disconnects: IntCounter,
     /// Request body sizes, bytes.
@@ -377,6 +383,22 @@ impl Metrics {
                 "warmpath_rejections_total",
                 "Requests answered with an error by warmpath itself, by reason.",
                 &["reason"],
+            ),
+            safety_checks: counter(
+                "warmpath_safety_checks_total",
+                "Safety checks run, by verdict (pass, block, audit_block: would have blocked in audit mode).",
+                &["pool", "check", "stage", "verdict"],
+            ),
+            safety_findings: counter(
+                "warmpath_safety_findings_total",
+                "Safety findings, by category and the action taken (block, log, audit).",
+                &["pool", "check", "category", "action"],
+            ),
+            safety_check_seconds: with_buckets(
+                "warmpath_safety_check_seconds",
+                "Time a safety check took.",
+                &["check"],
+                prometheus::exponential_buckets(1e-6, 4.0, 12).expect("valid buckets"),
             ),
             health_checks: counter(
                 "warmpath_health_checks_total",

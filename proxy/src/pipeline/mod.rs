@@ -5,7 +5,8 @@
 //! module that owns its state, and this one only calls them:
 //!
 //! 1. parse — typed views over the body bytes (`request`);
-//! 2. admit — the pool that serves the model (`state::Pools`);
+//! 2. admit — the pool that serves the model (`state::Pools`); its input safety checks
+//!    (`safety`);
 //! 3. prepare — canonical body, deferred tools, prefix blocks (`canon`, `tools`);
 //! 4. response cache — answered from it, or the answer recorded (`cached`, over `cache`);
 //! 5. route key — what the pool's policy reads (`route::key`);
@@ -60,6 +61,13 @@ pub async fn run(
         let e = ApiError::model_not_found(parsed.model());
         return reject(state, down, ctx, &e, "model_not_found").await;
     };
+    // Input safety checks: in-process rules take microseconds, so they run before anything
+    // goes out (a blocked request never reaches a backend).
+    if let Some(safety) = &pool.safety {
+        if let Some(e) = safety.check_input(&pool.name, &parsed, &state.metrics) {
+            return reject(state, down, ctx, &e, "content_policy").await;
+        }
+    }
     // 3. Prepare.
     let prepared = match prepare(state, pool, &parsed) {
         Ok(p) => p,

@@ -23,6 +23,8 @@ pub struct Pool {
     pub responses: ResponsesMode,
     /// `responses_tokens`: translated turns as token-id completions where the pool can.
     pub responses_tokens: bool,
+    /// `[pools.safety]`: the checks its requests go through, where any are configured.
+    pub safety: Option<Arc<crate::safety::Safety>>,
 }
 
 /// Every pool, and which pool serves which model.
