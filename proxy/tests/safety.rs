@@ -38,6 +38,7 @@ fn input_rules_block_before_the_backend_and_count_what_they_log() {
     let e = r.json();
     assert_eq!(e["error"]["code"], "content_policy_violation");
     assert!(e["error"]["message"].as_str().expect("message").contains("api_key"), "{e}");
+    assert_eq!(r.header("x-warmpath-safety"), Some("rules; input=block"));
     // A deny pattern in a completion prompt, and in a Responses input item.
     let r = post_json(
         proxy.addr,
@@ -57,6 +58,7 @@ fn input_rules_block_before_the_backend_and_count_what_they_log() {
     let body = chat("m", "mail ops@corp.io or dev@example.com, card 4111 1111 1111 1111", 4);
     let r = post_json(proxy.addr, "/v1/chat/completions", &body);
     assert_eq!(r.status, 200, "{}", r.text());
+    assert_eq!(r.header("x-warmpath-safety"), Some("rules; input=pass"));
     let sent: serde_json::Value = serde_json::from_slice(&up.bodies.lock().expect("lock")[0]).expect("json");
     assert_eq!(sent["messages"], body["messages"]);
     let m = proxy.metrics();
@@ -89,6 +91,7 @@ fn audit_mode_counts_what_it_would_block_and_lets_it_through() {
     ));
     let r = post_json(proxy.addr, "/v1/chat/completions", &chat("m", "key AKIAIOSFODNN7EXAMPLE", 4));
     assert_eq!(r.status, 200, "{}", r.text());
+    assert_eq!(r.header("x-warmpath-safety"), Some("rules; input=audit_block"));
     assert_eq!(up.bodies.lock().expect("lock").len(), 1);
     let m = proxy.metrics();
     assert_eq!(

@@ -64,6 +64,7 @@ pub(super) async fn replay(
     ctx: &mut RequestCtx,
     entry: &Entry,
     prefix: Option<&str>,
+    safety: Option<&str>,
 ) -> pingora::Result<()> {
     let mut resp = ResponseHeader::build(200, Some(6))?;
     if let Some(ct) = &entry.content_type {
@@ -79,6 +80,9 @@ pub(super) async fn replay(
     resp.insert_header(header::AGE, entry.age().as_secs().to_string())?;
     if let Some(p) = prefix {
         resp.insert_header("x-warmpath-prefix-hash", p)?;
+    }
+    if let Some(s) = safety {
+        resp.insert_header("x-warmpath-safety", s)?;
     }
     ctx.status = 200;
     let mut ok = down.write_response_header(Box::new(resp), entry.is_empty()).await.is_ok();

@@ -47,7 +47,8 @@ pub(super) async fn forward(
         if retries.attempt > 1 {
             route_hdr.push_str(&format!("; attempt={}", retries.attempt));
         }
-        let headers = WarmpathHeaders { route: &route_hdr, prefix: out.prefix, cache: out.cache };
+        let headers =
+            WarmpathHeaders { route: &route_hdr, prefix: out.prefix, cache: out.cache, safety: out.safety };
         let (up, header) = match attempt::reach(state, down, &backend, out.template, &out.body).await? {
             Reached::Header(up, header) => (up, header),
             Reached::ClientGone => {
@@ -71,7 +72,8 @@ pub(super) async fn forward(
             Attempt::Failed(f) => retries.failed(&backend, f),
         }
     }
-    let headers = WarmpathHeaders { route: "exhausted", prefix: out.prefix, cache: out.cache };
+    let headers =
+        WarmpathHeaders { route: "exhausted", prefix: out.prefix, cache: out.cache, safety: out.safety };
     attempt::exhausted(state, down, ctx, retries.last.take(), headers, &pool.name).await
 }
 

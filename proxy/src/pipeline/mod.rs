@@ -63,11 +63,15 @@ pub async fn run(
     };
     // Input safety checks: in-process rules take microseconds, so they run before anything
     // goes out (a blocked request never reaches a backend).
-    if let Some(safety) = &pool.safety {
-        if let Some(e) = safety.check_input(&pool.name, &parsed, &state.metrics) {
-            return reject(state, down, ctx, &e, "content_policy").await;
+    let safety = match pool.safety.as_ref().map(|s| s.check_input(&pool.name, &parsed, &state.metrics)) {
+        None => None,
+        Some(Ok(said)) => Some(said),
+        Some(Err((said, e))) => {
+            state.metrics.rejections.with_label_values(&["content_policy"]).inc();
+            ctx.status = e.status;
+            return respond::send_error(down, &e, &[("x-warmpath-safety", said.to_owned())]).await;
         }
-    }
+    };
     // 3. Prepare.
     let prepared = match prepare(state, pool, &parsed) {
         Ok(p) => p,
@@ -77,7 +81,9 @@ pub async fn run(
     // 4. Response cache.
     let sent: &[u8] = prepared.body.as_deref().unwrap_or(&body);
     let cache = match cached::look_up(state, pool, head, &parsed, sent) {
-        Lookup::Hit(entry) => return cached::replay(state, down, ctx, &entry, prefix.as_deref()).await,
+        Lookup::Hit(entry) => {
+            return cached::replay(state, down, ctx, &entry, prefix.as_deref(), safety).await
+        }
         Lookup::Miss(rec) => {
             ctx.recording = Some((pool.clone(), rec));
             Some("miss")
@@ -98,6 +104,7 @@ pub async fn run(
         search: prepared.search.as_ref(),
         prefix: prefix.as_deref(),
         cache,
+        safety,
     };
     forward::forward(&out, down, ctx, &key).await
 }
@@ -115,6 +122,8 @@ struct Outgoing<'a> {
     /// `x-warmpath-prefix-hash` and `x-warmpath-cache`.
     pub prefix: Option<&'a str>,
     pub cache: Option<&'static str>,
+    /// `x-warmpath-safety`: the checks that ran, where the pool has any.
+    pub safety: Option<&'static str>,
 }
 
 /// The canonical body and prefix blocks, where the pool rewrites or its policy reads blocks;

@@ -51,9 +51,14 @@ impl Safety {
         Ok(Some(Safety { rules: Rules::new(&spec)?, audit: r.audit }))
     }
 
-    /// Runs the input checks on `req`, counted under `pool`: the error to answer with where one
-    /// blocks it.
-    pub fn check_input(&self, pool: &str, req: &LlmRequest<'_>, metrics: &Metrics) -> Option<ApiError> {
+    /// Runs the input checks on `req`, counted under `pool`: what `x-warmpath-safety` says of
+    /// them, or, where one blocks the request, that and the error to answer with.
+    pub fn check_input(
+        &self,
+        pool: &str,
+        req: &LlmRequest<'_>,
+        metrics: &Metrics,
+    ) -> Result<&'static str, (&'static str, ApiError)> {
         let started = Instant::now();
         let mut blocked: Option<String> = None;
         for text in input_texts(req) {
@@ -77,13 +82,17 @@ impl Safety {
             (Some(_), false) => "block",
         };
         metrics.safety_checks.with_label_values(&[pool, "rules", "input", verdict]).inc();
-        let category = blocked.filter(|_| !self.audit)?;
-        Some(
-            ApiError::invalid_request(format!(
-                "the request was refused by this deployment's content policy (input: {category})"
-            ))
-            .with_code("content_policy_violation"),
-        )
+        match blocked.filter(|_| !self.audit) {
+            None if verdict == "pass" => Ok("rules; input=pass"),
+            None => Ok("rules; input=audit_block"),
+            Some(category) => Err((
+                "rules; input=block",
+                ApiError::invalid_request(format!(
+                    "the request was refused by this deployment's content policy (input: {category})"
+                ))
+                .with_code("content_policy_violation"),
+            )),
+        }
     }
 }
 
