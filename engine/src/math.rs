@@ -184,13 +184,18 @@ pub fn dot(a: &[f32], b: &[f32]) -> f32 {
 /// In-place softmax.
 pub fn softmax(x: &mut [f32]) {
     let max = x.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+    let inv = 1.0 / exps(x, max);
+    x.iter_mut().for_each(|v| *v *= inv);
+}
+
+/// `x = e^(x − max)` in place; returns their sum.
+pub fn exps(x: &mut [f32], max: f32) -> f32 {
     let mut sum = 0.0;
     for v in x.iter_mut() {
         *v = (*v - max).exp();
         sum += *v;
     }
-    let inv = 1.0 / sum;
-    x.iter_mut().for_each(|v| *v *= inv);
+    sum
 }
 
 /// `a = silu(a) * b`, element-wise (SwiGLU).

@@ -112,24 +112,26 @@ fn attention_direct(
                 .map(|x| x * scale)
                 .collect();
             let mut scores = vec![0.0f32; rows * len];
-            // A block's rows of this head, as floats: converted once for every query row.
+            // A block's rows of this head, as floats: converted once for every query row, each
+            // of which gets `f(row, its scores' offset, the rows it sees)`.
             let mut rows_f = vec![0.0f32; bs * hs];
-            let blocks = (c0 / bs..c1.div_ceil(bs)).map(|b| (b * bs, table[b] as usize * bs * kv_dim + off));
-            for (p0, base) in blocks.clone() {
-                let m_all = (c1 - p0).min(bs);
-                (simd.rows_from_halves)(&k[base..], kv_dim, hs, &mut rows_f[..m_all * hs]);
-                for r in 0..rows {
-                    let m = seen(r % n).saturating_sub(p0).min(bs);
-                    if m > 0 {
-                        let at = r * len + p0 - c0;
-                        (simd.dots)(
-                            &q_scaled[r * hs..(r + 1) * hs],
-                            &rows_f[..m * hs],
-                            &mut scores[at..at + m],
-                        );
+            let mut over_blocks = |half: &[u16], f: &mut dyn FnMut(usize, usize, &[f32])| {
+                let first = c0 / bs;
+                for (b, &block) in table[first..c1.div_ceil(bs)].iter().enumerate() {
+                    let (p0, base) = ((first + b) * bs, block as usize * bs * kv_dim + off);
+                    let m_all = (c1 - p0).min(bs);
+                    (simd.rows_from_halves)(&half[base..], kv_dim, hs, &mut rows_f[..m_all * hs]);
+                    for r in 0..rows {
+                        let m = seen(r % n).saturating_sub(p0).min(bs);
+                        if m > 0 {
+                            f(r, r * len + p0 - c0, &rows_f[..m * hs]);
+                        }
                     }
                 }
-            }
+            };
+            over_blocks(k, &mut |r, at, kr| {
+                (simd.dots)(&q_scaled[r * hs..(r + 1) * hs], kr, &mut scores[at..at + kr.len() / hs]);
+            });
             let mut part = Partial {
                 max: vec![f32::NEG_INFINITY; rows],
                 sum: vec![0.0; rows],
@@ -144,21 +146,9 @@ fn attention_direct(
                     part.sum[r] = (simd.exps)(row, max);
                 }
             }
-            for (p0, base) in blocks {
-                let m_all = (c1 - p0).min(bs);
-                (simd.rows_from_halves)(&v[base..], kv_dim, hs, &mut rows_f[..m_all * hs]);
-                for r in 0..rows {
-                    let m = seen(r % n).saturating_sub(p0).min(bs);
-                    if m > 0 {
-                        let at = r * len + p0 - c0;
-                        (simd.axpys)(
-                            &mut part.out[r * hs..(r + 1) * hs],
-                            &scores[at..at + m],
-                            &rows_f[..m * hs],
-                        );
-                    }
-                }
-            }
+            over_blocks(v, &mut |r, at, vr| {
+                (simd.axpys)(&mut part.out[r * hs..(r + 1) * hs], &scores[at..at + vr.len() / hs], vr);
+            });
             part
         })
         .collect();
@@ -168,12 +158,12 @@ fn attention_direct(
         for r in 0..rows {
             let (hg, i) = (r / n, r % n);
             let h = kvh * group + hg;
-            let seen: Vec<&Partial> = parts.iter().filter(|p| p.sum[r] > 0.0).collect();
-            let max = seen.iter().map(|p| p.max[r]).fold(f32::NEG_INFINITY, f32::max);
+            let seen = || parts.iter().filter(|p| p.sum[r] > 0.0);
+            let max = seen().map(|p| p.max[r]).fold(f32::NEG_INFINITY, f32::max);
             let dst = &mut out[i * dim + h * hs..i * dim + (h + 1) * hs];
             dst.fill(0.0);
             let mut sum = 0.0f32;
-            for p in seen {
+            for p in seen() {
                 let f = (p.max[r] - max).exp();
                 sum += f * p.sum[r];
                 dst.iter_mut().zip(&p.out[r * hs..(r + 1) * hs]).for_each(|(d, o)| *d += f * o);
@@ -207,11 +197,12 @@ pub(super) fn attention(
     let mut kc = vec![0.0f32; ctx * kv_dim];
     let mut vc = vec![0.0f32; ctx * kv_dim];
     let bs = cache.block_size;
+    let simd = crate::simd::kernels();
+    let from_halves = simd.from_halves;
     for (bi, &block) in table.iter().enumerate().take(ctx.div_ceil(bs)) {
         let p0 = bi * bs;
         let len = (ctx - p0).min(bs) * kv_dim;
         let s = block as usize * bs * kv_dim;
-        let from_halves = crate::simd::kernels().from_halves;
         from_halves(&cache.k[layer][s..s + len], &mut kc[p0 * kv_dim..p0 * kv_dim + len]);
         from_halves(&cache.v[layer][s..s + len], &mut vc[p0 * kv_dim..p0 * kv_dim + len]);
     }
@@ -238,7 +229,7 @@ pub(super) fn attention(
                 let visible = start + i + 1;
                 let row = &mut scores[i * ctx..(i + 1) * ctx];
                 row[..visible].iter_mut().for_each(|s| *s *= scale);
-                (crate::simd::kernels().softmax)(&mut row[..visible]);
+                (simd.softmax)(&mut row[..visible]);
                 row[visible..].iter_mut().for_each(|s| *s = 0.0);
             }
             // out_h = P · V_h
