@@ -53,7 +53,7 @@ async fn run(state: Arc<AppState>, body: Body) -> Result<Response, ApiError> {
         forced,
         logprobs: logprobs::chat_request(&req.extra)?,
     };
-    let fields_logprobs = fields.logprobs;
+    let want_logprobs = fields.logprobs.is_some();
     let choices = fields.choices(&state, vec![prompt])?;
     let running = generate::submit(&state, choices, req.cache_salt.clone())?;
     let meta = ResponseMeta::new("chatcmpl", &running, &req.model, req.stream_options.as_ref());
@@ -65,7 +65,6 @@ async fn run(state: Arc<AppState>, body: Body) -> Result<Response, ApiError> {
         let parsers = tools.then(|| Mutex::new(HashMap::new()));
         return Ok(generate::stream(running, ChatFormat { meta, parsers, id_prefix }, faults));
     }
-    let want_logprobs = fields_logprobs.is_some();
     let (results, usage) = generate::collect(running).await;
     let resp = ChatCompletion {
         id: meta.id,
@@ -132,13 +131,10 @@ impl ChatFormat {
         serde_json::to_string(&c).unwrap_or_default()
     }
 
-    fn one(&self, index: u32, delta: Delta, finish: Option<FinishReason>) -> String {
-        self.chunk(vec![ChunkChoice { index, delta, logprobs: None, finish_reason: finish }], None)
-    }
-
-    fn one_with(&self, index: u32, delta: Delta, lp: &[Entry]) -> String {
+    /// One choice's chunk, with the log-probabilities of the tokens its text came from.
+    fn one(&self, index: u32, delta: Delta, finish: Option<FinishReason>, lp: &[Entry]) -> String {
         let logprobs = (!lp.is_empty()).then(|| logprobs::chat_json(lp));
-        self.chunk(vec![ChunkChoice { index, delta, logprobs, finish_reason: None }], None)
+        self.chunk(vec![ChunkChoice { index, delta, logprobs, finish_reason: finish }], None)
     }
 
     /// Runs `f` on the choice's parser; `None` without tools.
@@ -181,7 +177,7 @@ impl ChunkFormat for ChatFormat {
 
     fn opening(&self, index: u32) -> Option<String> {
         let delta = Delta { role: Some(Role::Assistant), content: Some(String::new()), tool_calls: None };
-        Some(self.one(index, delta, None))
+        Some(self.one(index, delta, None, &[]))
     }
 
     fn delta(&self, index: u32, text: &str, lp: &[Entry]) -> Option<String> {
@@ -193,7 +189,7 @@ impl ChunkFormat for ChatFormat {
             Some(d) => d,
             None => Delta { content: Some(text.to_owned()), ..Delta::default() },
         };
-        Some(self.one_with(index, delta, lp))
+        Some(self.one(index, delta, None, lp))
     }
 
     fn finish(&self, index: u32, reason: FinishReason) -> String {
@@ -209,7 +205,7 @@ impl ChunkFormat for ChatFormat {
                 (delta, reason)
             })
             .unwrap_or((Delta::default(), reason));
-        self.one(index, delta, Some(reason))
+        self.one(index, delta, Some(reason), &[])
     }
 
     fn usage(&self, usage: &Usage) -> String {
