@@ -108,21 +108,21 @@ pub fn input_texts<'a>(req: &LlmRequest<'a>) -> Vec<Cow<'a, str>> {
     }
     for raw in [req.content, req.instructions].into_iter().flatten() {
         if let Ok(v) = serde_json::from_str::<Value>(raw.get()) {
-            strings(&v, &mut out);
+            strings(v, &mut out);
         }
     }
     out
 }
 
-/// The strings of a prompt or input value: itself, a list's, and an item's `content`, `text`
-/// and `output`.
-fn strings(v: &Value, out: &mut Vec<Cow<'_, str>>) {
+/// The strings of a prompt or input value, moved out of it: itself, a list's, and an item's
+/// `content`, `text` and `output`.
+fn strings(v: Value, out: &mut Vec<Cow<'_, str>>) {
     match v {
-        Value::String(s) => out.push(Cow::Owned(s.clone())),
-        Value::Array(a) => a.iter().for_each(|x| strings(x, out)),
-        Value::Object(o) => {
+        Value::String(s) => out.push(Cow::Owned(s)),
+        Value::Array(a) => a.into_iter().for_each(|x| strings(x, out)),
+        Value::Object(mut o) => {
             for key in ["content", "text", "output"] {
-                if let Some(x) = o.get(key) {
+                if let Some(x) = o.remove(key) {
                     strings(x, out);
                 }
             }
