@@ -39,6 +39,12 @@ fn input_rules_block_before_the_backend_and_count_what_they_log() {
     assert_eq!(e["error"]["code"], "content_policy_violation");
     assert!(e["error"]["message"].as_str().expect("message").contains("api_key"), "{e}");
     assert_eq!(r.header("x-warmpath-safety"), Some("rules; input=block"));
+    // Beside an image: text parts are checked whatever else the message holds.
+    let parts = json!({"model": "m", "messages": [{"role": "user", "content": [
+        {"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}},
+        {"type": "text", "text": "key AKIAIOSFODNN7EXAMPLE"}]}]});
+    let r = post_json(proxy.addr, "/v1/chat/completions", &parts);
+    assert_eq!(r.status, 400, "{}", r.text());
     // A deny pattern in a completion prompt, and in a Responses input item.
     let r = post_json(
         proxy.addr,
@@ -66,7 +72,7 @@ fn input_rules_block_before_the_backend_and_count_what_they_log() {
         |labels: &str| metric(&m, &format!("warmpath_safety_findings_total{{{labels}")).unwrap_or(0.0);
     assert_eq!(count(r#"action="log",category="email",check="rules",pool="main"}"#), 1.0, "{m}");
     assert_eq!(count(r#"action="log",category="payment_card",check="rules",pool="main"}"#), 1.0);
-    assert_eq!(count(r#"action="block",category="api_key",check="rules",pool="main"}"#), 1.0);
+    assert_eq!(count(r#"action="block",category="api_key",check="rules",pool="main"}"#), 2.0);
     assert_eq!(count(r#"action="block",category="falcon",check="rules",pool="main"}"#), 2.0);
     let checks = |verdict: &str| {
         metric(
@@ -76,8 +82,8 @@ fn input_rules_block_before_the_backend_and_count_what_they_log() {
             ),
         )
     };
-    assert_eq!((checks("block"), checks("pass")), (Some(3.0), Some(1.0)));
-    assert_eq!(metric(&m, "warmpath_rejections_total{reason=\"content_policy\"}"), Some(3.0));
+    assert_eq!((checks("block"), checks("pass")), (Some(4.0), Some(1.0)));
+    assert_eq!(metric(&m, "warmpath_rejections_total{reason=\"content_policy\"}"), Some(4.0));
 }
 
 #[test]

@@ -17,7 +17,7 @@ use warmpath_wire::openai::ApiError;
 
 use crate::config::{RuleAction, SafetyConfig};
 use crate::observe::Metrics;
-use crate::request::LlmRequest;
+use crate::request::{ContentView, LlmRequest};
 use rules::{Action, Rules, RulesSpec};
 
 /// A pool's checks.
@@ -102,8 +102,14 @@ impl Safety {
 pub fn input_texts<'a>(req: &LlmRequest<'a>) -> Vec<Cow<'a, str>> {
     let mut out = Vec::new();
     for m in &req.messages {
-        if let Some(c) = &m.content {
-            out.extend(c.text());
+        match &m.content {
+            Some(ContentView::Text(t)) => out.push(t.0.clone()),
+            // Text parts joined as the template joins them; parts that are not text (an image)
+            // do not exempt the text beside them.
+            Some(ContentView::Parts(parts)) => out.push(Cow::Owned(
+                parts.iter().filter_map(|p| p.text.as_ref()).map(|t| t.0.as_ref()).collect(),
+            )),
+            _ => {}
         }
     }
     for raw in [req.content, req.instructions].into_iter().flatten() {
