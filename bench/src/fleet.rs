@@ -172,6 +172,19 @@ pub async fn get(addr: SocketAddr, path: &str) -> anyhow::Result<(u16, String)> 
     request(addr, req).await
 }
 
+/// A JSON request body to `path`.
+pub async fn post_json(
+    addr: SocketAddr,
+    path: &str,
+    body: &serde_json::Value,
+) -> anyhow::Result<(u16, String)> {
+    let req = hyper::Request::post(path)
+        .header("host", addr.to_string())
+        .header("content-type", "application/json")
+        .body(Full::new(Bytes::from(body.to_string())))?;
+    request(addr, req).await
+}
+
 pub async fn post(addr: SocketAddr, path: &str) -> anyhow::Result<(u16, String)> {
     let req = hyper::Request::post(path).header("host", addr.to_string()).body(Full::new(Bytes::new()))?;
     request(addr, req).await
