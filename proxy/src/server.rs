@@ -102,7 +102,7 @@ fn build_pools(policy: Policy, embedded: &Embedded, metrics: &Metrics) -> Result
             response_cache: pc.response_cache.enabled.then(|| ResponseCache::new(&pc.response_cache)),
             responses: pc.responses,
             responses_tokens: pc.responses_tokens,
-            safety: Safety::from_config(&pc.safety)
+            safety: Safety::from_config(&pc.safety, &pc.name, metrics)
                 .map_err(|e| format!("pools[{i}].safety: {e}"))?
                 .map(Arc::new),
         };

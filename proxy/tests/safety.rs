@@ -107,7 +107,9 @@ fn audit_mode_counts_what_it_would_block_and_lets_it_through() {
         ),
         Some(1.0)
     );
-    assert!(m.contains(r#"verdict="audit_block""#), "{m}");
+    let audit_block =
+        r#"warmpath_safety_checks_total{check="rules",pool="main",stage="input",verdict="audit_block"}"#;
+    assert_eq!(metric(&m, audit_block), Some(1.0), "{m}");
 }
 
 #[test]

@@ -63,7 +63,7 @@ pub async fn run(
     };
     // Input safety checks: in-process rules take microseconds, so they run before anything
     // goes out (a blocked request never reaches a backend).
-    let safety = match pool.safety.as_ref().map(|s| s.check_input(&pool.name, &parsed, &state.metrics)) {
+    let safety = match pool.safety.as_ref().map(|s| s.check_input(&parsed)) {
         None => None,
         Some(Ok(said)) => Some(said),
         Some(Err((said, e))) => {

@@ -12,6 +12,7 @@ pub mod rules;
 use std::borrow::Cow;
 use std::time::Instant;
 
+use prometheus::{Histogram, IntCounter, IntCounterVec};
 use serde_json::Value;
 use warmpath_wire::openai::ApiError;
 
@@ -24,6 +25,18 @@ use rules::{Action, Rules, RulesSpec};
 pub struct Safety {
     rules: Rules,
     audit: bool,
+    counted: Counted,
+}
+
+/// The pool's metric handles, resolved once.
+struct Counted {
+    pool: String,
+    pass: IntCounter,
+    block: IntCounter,
+    audit_block: IntCounter,
+    seconds: Histogram,
+    /// By category and action: labelled as findings come.
+    findings: IntCounterVec,
 }
 
 impl std::fmt::Debug for Safety {
@@ -33,8 +46,8 @@ impl std::fmt::Debug for Safety {
 }
 
 impl Safety {
-    /// The checks `[pools.safety]` configures, `None` when it configures none.
-    pub fn from_config(c: &SafetyConfig) -> Result<Option<Safety>, String> {
+    /// The checks `[pools.safety]` configures for pool `pool`, `None` when it configures none.
+    pub fn from_config(c: &SafetyConfig, pool: &str, metrics: &Metrics) -> Result<Option<Safety>, String> {
         let Some(r) = &c.rules else { return Ok(None) };
         let action = |a: RuleAction| match a {
             RuleAction::Block => Action::Block,
@@ -48,18 +61,24 @@ impl Safety {
             actions: r.actions.iter().map(|(k, a)| (k.clone(), action(*a))).collect(),
             default_action: Some(action(r.default_action)),
         };
-        Ok(Some(Safety { rules: Rules::new(&spec)?, audit: r.audit }))
+        let checks =
+            |verdict: &str| metrics.safety_checks.with_label_values(&[pool, "rules", "input", verdict]);
+        let counted = Counted {
+            pool: pool.to_owned(),
+            pass: checks("pass"),
+            block: checks("block"),
+            audit_block: checks("audit_block"),
+            seconds: metrics.safety_check_seconds.with_label_values(&["rules"]),
+            findings: metrics.safety_findings.clone(),
+        };
+        Ok(Some(Safety { rules: Rules::new(&spec)?, audit: r.audit, counted }))
     }
 
-    /// Runs the input checks on `req`, counted under `pool`: what `x-warmpath-safety` says of
-    /// them, or, where one blocks the request, that and the error to answer with.
-    pub fn check_input(
-        &self,
-        pool: &str,
-        req: &LlmRequest<'_>,
-        metrics: &Metrics,
-    ) -> Result<&'static str, (&'static str, ApiError)> {
+    /// Runs the input checks on `req`: what `x-warmpath-safety` says of them, or, where one
+    /// blocks the request, that and the error to answer with.
+    pub fn check_input(&self, req: &LlmRequest<'_>) -> Result<&'static str, (&'static str, ApiError)> {
         let started = Instant::now();
+        let c = &self.counted;
         let mut blocked: Option<String> = None;
         for text in input_texts(req) {
             let verdict = self.rules.check(&text);
@@ -69,29 +88,27 @@ impl Safety {
                     Action::Block => "block",
                     Action::Redact | Action::Log => "log",
                 };
-                metrics.safety_findings.with_label_values(&[pool, "rules", &f.category, taken]).inc();
+                c.findings.with_label_values(&[&c.pool, "rules", &f.category, taken]).inc();
             }
-            if blocked.is_none() {
-                blocked = verdict.blocked_by;
-            }
+            blocked = blocked.or(verdict.blocked_by);
         }
-        metrics.safety_check_seconds.with_label_values(&["rules"]).observe(started.elapsed().as_secs_f64());
-        let verdict = match (&blocked, self.audit) {
-            (None, _) => "pass",
-            (Some(_), true) => "audit_block",
-            (Some(_), false) => "block",
-        };
-        metrics.safety_checks.with_label_values(&[pool, "rules", "input", verdict]).inc();
-        match blocked.filter(|_| !self.audit) {
-            None if verdict == "pass" => Ok("rules; input=pass"),
-            None => Ok("rules; input=audit_block"),
-            Some(category) => Err((
-                "rules; input=block",
-                ApiError::invalid_request(format!(
+        c.seconds.observe(started.elapsed().as_secs_f64());
+        match blocked {
+            None => {
+                c.pass.inc();
+                Ok("rules; input=pass")
+            }
+            Some(_) if self.audit => {
+                c.audit_block.inc();
+                Ok("rules; input=audit_block")
+            }
+            Some(category) => {
+                c.block.inc();
+                let e = ApiError::invalid_request(format!(
                     "the request was refused by this deployment's content policy (input: {category})"
-                ))
-                .with_code("content_policy_violation"),
-            )),
+                ));
+                Err(("rules; input=block", e.with_code("content_policy_violation")))
+            }
         }
     }
 }
