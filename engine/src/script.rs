@@ -1,8 +1,9 @@
 //! Test hook (`--script FILE`): scripted replies, so that a test of whatever sits in front of
-//! the engine can make the model call a given tool. The file is a JSON list of rules,
-//! `[{"when": "substring", "reply": "text"}, ...]`; a chat request whose rendered prompt contains
-//! a rule's `when` gets its `reply` as output tokens (the model still computes every step). Of
-//! several matching rules the last one in the file wins, so specific rules go after general ones.
+//! the engine can make the model call a given tool or say a given thing. The file is a JSON
+//! list of rules, `[{"when": "substring", "reply": "text"}, ...]`; a chat request whose
+//! rendered prompt (or a completion whose text prompt) contains a rule's `when` gets its
+//! `reply` as output tokens (the model still computes every step). Of several matching rules
+//! the last one in the file wins, so specific rules go after general ones.
 
 use std::path::Path;
 

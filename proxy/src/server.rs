@@ -16,16 +16,17 @@ use pingora::services::listening::Service;
 
 use crate::cache::ResponseCache;
 use crate::canon::{Canon, External};
-use crate::config::{Config, ConfigError, Invalid, LogFormat, PathSeg, Source};
+use crate::config::{Config, ConfigError, Invalid, LogFormat, PathSeg, PoolConfig, Source};
 use crate::embedded::{Embedded, Replica};
 use crate::entry::WarmpathProxy;
 use crate::limits::{Connections, WithHeaderDeadline};
 use crate::observe::{AdminApp, Metrics};
+use crate::pipeline::guard::{LateState, PoolCompleter};
 use crate::route::events::EventFeeds;
 use crate::route::health::HealthChecker;
 use crate::route::load::LoadScraper;
 use crate::route::{self, BackendSpec, Fleet, PromptUnits};
-use crate::safety::Safety;
+use crate::safety::{Safety, Services};
 use crate::state::{self, AppState, Pools};
 use crate::upstream::Upstream;
 
@@ -45,9 +46,9 @@ impl Policy {
     }
 
     pub fn parse(src: &Source) -> Result<Policy, ConfigError> {
-        let cfg = crate::config::parse(&src.file, &src.text)?;
+        let mut cfg = crate::config::parse(&src.file, &src.text)?;
         let mut externals = Vec::with_capacity(cfg.pools.len());
-        for (i, pool) in cfg.pools.iter().enumerate() {
+        for (i, pool) in cfg.pools.iter_mut().enumerate() {
             let at = |table: &str, key_name: &str, message: String| {
                 let key = |k: &str| PathSeg::Key(k.to_owned());
                 let path = vec![key("pools"), PathSeg::Index(i), key(table), key(key_name)];
@@ -59,6 +60,28 @@ impl Policy {
                 loaded = External::of_embedded(&e.model).map_err(|m| at("embedded", "model", m))?;
             }
             externals.push(loaded);
+            // The guard model's prompt template.
+            if let Some(g) = &mut pool.safety.guard_model {
+                if let Some(file) = &g.template_file {
+                    let path = src.dir().join(file);
+                    let key = |k: &str| PathSeg::Key(k.to_owned());
+                    let keys = ["safety", "guard_model", "template_file"].map(key);
+                    let mut path_keys = vec![key("pools"), PathSeg::Index(i)];
+                    path_keys.extend(keys);
+                    let text = std::fs::read_to_string(&path).map_err(|e| {
+                        src.locate(&Invalid {
+                            path: path_keys.clone(),
+                            message: format!("cannot read {}: {e}", path.display()),
+                        })
+                    })?;
+                    if !text.contains("{conversation}") {
+                        let message =
+                            format!("{} has no {{conversation}} to put the conversation in", path.display());
+                        return Err(src.locate(&Invalid { path: path_keys, message }));
+                    }
+                    g.template = Some(text);
+                }
+            }
         }
         Ok(Policy { cfg, externals })
     }
@@ -77,7 +100,13 @@ pub fn init_logging(cfg: &Config) {
 
 /// Every pool with each stage's part of it, built from its table; `embedded` gives the
 /// bundled replicas started for pools that asked for them.
-fn build_pools(policy: Policy, embedded: &Embedded, metrics: &Metrics) -> Result<Pools, String> {
+fn build_pools(
+    policy: Policy,
+    embedded: &Embedded,
+    metrics: &Metrics,
+    upstream: &Arc<Upstream>,
+    late: &LateState,
+) -> Result<Pools, String> {
     let cfg = &policy.cfg;
     let mut pools = Vec::with_capacity(cfg.pools.len());
     for (i, (pc, external)) in cfg.pools.iter().zip(policy.externals).enumerate() {
@@ -102,13 +131,22 @@ fn build_pools(policy: Policy, embedded: &Embedded, metrics: &Metrics) -> Result
             response_cache: pc.response_cache.enabled.then(|| ResponseCache::new(&pc.response_cache)),
             responses: pc.responses,
             responses_tokens: pc.responses_tokens,
-            safety: Safety::from_config(&pc.safety, &pc.name, metrics)
+            safety: Safety::from_config(&pc.safety, &pc.name, metrics, &services(pc, cfg, upstream, late))
                 .map_err(|e| format!("pools[{i}].safety: {e}"))?
                 .map(Arc::new),
         };
         pools.push((pool, pc.models.clone()));
     }
     Ok(Pools::new(pools))
+}
+
+/// What pool `pc`'s checks call: the shared connector, and its guard model's pool.
+fn services(pc: &PoolConfig, cfg: &Config, upstream: &Arc<Upstream>, late: &LateState) -> Services {
+    let guard = pc.safety.guard_model.as_ref().map(|g| {
+        Arc::new(PoolCompleter { state: late.clone(), pool: g.pool.clone() })
+            as Arc<dyn crate::safety::guard::Complete>
+    });
+    Services { upstream: upstream.clone(), upstream_cfg: cfg.upstream.clone(), guard }
 }
 
 /// A bundled replica as a backend of pool `pool`: named `{pool}-{r}`.
@@ -146,9 +184,10 @@ pub fn run(policy: Policy) -> anyhow::Result<()> {
         }
     }
     let metrics = Metrics::new();
-    let pools = build_pools(policy, &embedded, &metrics).map_err(anyhow::Error::msg)?;
-    let fleet = Arc::new(Fleet::new(pools.iter().map(|p| p.route.clone()).collect()));
     let upstream = Arc::new(Upstream::new(Duration::from_millis(cfg.upstream.pool_idle_timeout_ms)));
+    let late = LateState::default();
+    let pools = build_pools(policy, &embedded, &metrics, &upstream, &late).map_err(anyhow::Error::msg)?;
+    let fleet = Arc::new(Fleet::new(pools.iter().map(|p| p.route.clone()).collect()));
 
     let conf = ServerConf {
         threads: cfg.server.threads,
@@ -171,6 +210,7 @@ pub fn run(policy: Policy) -> anyhow::Result<()> {
         sessions: Arc::new(crate::session::Store::new(&cfg.session).map_err(anyhow::Error::msg)?),
         ws: Connections::new(metrics.ws_connections.with_label_values(&["api"])),
     });
+    let _ = late.set(Arc::downgrade(&state));
     let drain = background_service("warmpath websocket drain", crate::ws::DrainOnShutdown(state.clone()));
     let proxy = pingora::proxy::http_proxy(&server.configuration, WarmpathProxy { state });
     let app = WithHeaderDeadline {

@@ -2,11 +2,13 @@
 //! suites (`use warmpath_tests::*;`): real `warmpath-engine`, `warmpath` and `redis-server`
 //! processes on 127.0.0.1 ([`process`]), a small blocking HTTP/1.1 client that shows exactly
 //! what went over the wire ([`client`]), a WebSocket client ([`ws`]), a scripted upstream for
-//! byte-level checks ([`scripted`]), Prometheus text ([`metrics`]) and fixtures ([`fixtures`]).
+//! byte-level checks ([`scripted`]), a moderation service ([`moderation`]), Prometheus text
+//! ([`metrics`]) and fixtures ([`fixtures`]).
 
 pub mod client;
 pub mod fixtures;
 pub mod metrics;
+pub mod moderation;
 pub mod process;
 pub mod scripted;
 pub mod ws;
@@ -14,6 +16,7 @@ pub mod ws;
 pub use client::*;
 pub use fixtures::*;
 pub use metrics::*;
+pub use moderation::*;
 pub use process::*;
 pub use scripted::*;
 pub use ws::*;

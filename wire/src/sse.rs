@@ -27,6 +27,20 @@ impl Splitter {
         Some(data)
     }
 
+    /// The next complete event, its bytes as received (blank line included) and its data;
+    /// `None` until an event is complete.
+    pub fn next_event(&mut self) -> Option<(Vec<u8>, String)> {
+        let (end, sep) = event_end(&self.buf)?;
+        let data = data_of(&self.buf[..end]);
+        let raw: Vec<u8> = self.buf.drain(..end + sep).collect();
+        Some((raw, data))
+    }
+
+    /// Takes the bytes held of an event not yet complete.
+    pub fn take_rest(&mut self) -> Vec<u8> {
+        std::mem::take(&mut self.buf)
+    }
+
     /// Bytes held of an event not yet complete.
     pub fn buffered(&self) -> usize {
         self.buf.len()

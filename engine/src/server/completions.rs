@@ -37,6 +37,16 @@ pub fn prompts_of(state: &AppState, req: &CompletionRequest) -> Result<Vec<Vec<u
     Ok(prompts)
 }
 
+/// The `--script` reply for a text prompt, as forced output tokens ending the completion.
+fn scripted(state: &AppState, req: &CompletionRequest) -> Vec<u32> {
+    let Prompt::Text(text) = &req.prompt else { return Vec::new() };
+    let Some(reply) = state.script.reply_for(text) else { return Vec::new() };
+    let f = &state.format;
+    let mut ids = f.tokenizer.encode(reply);
+    ids.extend(f.stop_ids.last());
+    ids
+}
+
 async fn run(state: Arc<AppState>, body: Body) -> Result<Response, ApiError> {
     let bytes = read_body(&state, body).await?;
     let req: CompletionRequest = parse_body(&bytes)?;
@@ -53,7 +63,7 @@ async fn run(state: Arc<AppState>, body: Body) -> Result<Response, ApiError> {
         seed: req.seed,
         stop: req.stop.clone(),
         extra: &req.extra,
-        forced: Vec::new(),
+        forced: scripted(&state, &req),
         logprobs: logprobs::completion_request(&req.extra)?,
     };
     let want_logprobs = fields.logprobs.is_some();

@@ -18,7 +18,10 @@ pub use pool::{
     BackendConfig, CacheAwareConfig, EmbeddedConfig, EmbeddedExecutor, IndexMode, PolicyKind, PoolConfig,
     PrefixHashConfig, ResponseCacheConfig, ResponsesMode, SessionConfig,
 };
-pub use safety::{RuleAction, RulesConfig, SafetyConfig, DETECTORS};
+pub use safety::{
+    GuardConfig, InputConfig, InputMode, ModerationConfig, OnError, OutputConfig, Refusal, Release,
+    RuleAction, RulesConfig, SafetyConfig, Stage, DETECTORS,
+};
 pub use sessions::{ConversationConfig, StoreKind, WebSocketConfig};
 pub use types::{BackendUrl, Pattern, Ratio, RedisUrl};
 pub use validate::{validate, Invalid, PathSeg};

@@ -179,32 +179,7 @@ pub fn validate(cfg: &Config) -> Result<(), Invalid> {
                 pool.prefix_hash.load_factor
             )));
         }
-        if let Some(rules) = &pool.safety.rules {
-            let r = p.key("safety").key("rules");
-            for (k, d) in rules.detect.iter().enumerate() {
-                if !super::DETECTORS.contains(&d.as_str()) {
-                    return Err(r
-                        .key("detect")
-                        .index(k)
-                        .err(format!("unknown detector {d:?} (known: {})", super::DETECTORS.join(", "))));
-                }
-            }
-            let redacts = |a: &super::RuleAction| *a == super::RuleAction::Redact;
-            if redacts(&rules.default_action) || rules.actions.values().any(redacts) {
-                return Err(r.key("actions").err(
-                    "redact is not supported yet for input checks (the request would have to be \
-                     rewritten); use block or log",
-                ));
-            }
-            for name in rules.actions.keys() {
-                if !super::DETECTORS.contains(&name.as_str()) && !rules.deny.contains_key(name) {
-                    return Err(r
-                        .key("actions")
-                        .key(name)
-                        .err("names neither a detector nor a deny pattern"));
-                }
-            }
-        }
+        safety(&p.key("safety"), &pool.safety, &pool.name, &cfg.pools)?;
         let c = p.key("canon");
         positive(c.key("block_size"), pool.canon.block_size as u64)?;
         positive(c.key("chunk_bytes"), pool.canon.chunk_bytes as u64)?;
@@ -327,6 +302,74 @@ pub fn validate(cfg: &Config) -> Result<(), Invalid> {
                 .key("overload_factor")
                 .err(format!("{} must be at least 1.0", pool.session.overload_factor)));
         }
+    }
+    Ok(())
+}
+
+/// `[pools.safety]` of pool `own`: known detectors and actions, windows that fit, a guard
+/// pool that exists.
+fn safety(s: &Path, c: &super::SafetyConfig, own: &str, pools: &[super::PoolConfig]) -> Result<(), Invalid> {
+    use super::Stage;
+    let stages = |path: Path, st: &[Stage]| {
+        if st.is_empty() {
+            return Err(path.err("must name input, output or both"));
+        }
+        Ok(())
+    };
+    if let Some(rules) = &c.rules {
+        let r = s.key("rules");
+        for (k, d) in rules.detect.iter().enumerate() {
+            if !super::DETECTORS.contains(&d.as_str()) {
+                return Err(r
+                    .key("detect")
+                    .index(k)
+                    .err(format!("unknown detector {d:?} (known: {})", super::DETECTORS.join(", "))));
+            }
+        }
+        for name in rules.actions.keys() {
+            if !super::DETECTORS.contains(&name.as_str()) && !rules.deny.contains_key(name) {
+                return Err(r.key("actions").key(name).err("names neither a detector nor a deny pattern"));
+            }
+        }
+        stages(r.key("stages"), &rules.stages)?;
+    }
+    let o = s.key("output");
+    positive(o.key("window_tokens"), c.output.window_tokens as u64)?;
+    if c.output.overlap_tokens >= c.output.window_tokens {
+        return Err(o.key("overlap_tokens").err(format!(
+            "{} must be below window_tokens ({})",
+            c.output.overlap_tokens, c.output.window_tokens
+        )));
+    }
+    if c.output.release == super::Release::Buffered {
+        positive(o.key("lag_tokens"), c.output.lag_tokens as u64)?;
+    }
+    if let Some(m) = &c.moderation {
+        let mp = s.key("moderation");
+        positive(mp.key("timeout_ms"), m.timeout_ms)?;
+        for (cat, t) in &m.thresholds {
+            if !(0.0..=1.0).contains(t) {
+                return Err(mp.key("thresholds").key(cat).err(format!("{t} is not a score between 0 and 1")));
+            }
+        }
+        stages(mp.key("stages"), &m.stages)?;
+    }
+    if let Some(g) = &c.guard_model {
+        let gp = s.key("guard_model");
+        positive(gp.key("timeout_ms"), g.timeout_ms)?;
+        if g.pool == own {
+            return Err(gp
+                .key("pool")
+                .err("a pool cannot be its own guard (its checks would check themselves)"));
+        }
+        match pools.iter().find(|p| p.name == g.pool) {
+            None => return Err(gp.key("pool").err(format!("no pool is named {:?}", g.pool))),
+            Some(p) if p.safety.any() => {
+                return Err(gp.key("pool").err(format!("pool {:?} has safety checks of its own", g.pool)))
+            }
+            Some(_) => {}
+        }
+        stages(gp.key("stages"), &g.stages)?;
     }
     Ok(())
 }

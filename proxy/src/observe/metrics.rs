@@ -62,6 +62,10 @@ pub struct Metrics {
     pub safety_findings: IntCounterVec,
     /// Time a safety check took, by check.
     pub safety_check_seconds: HistogramVec,
+    /// Safety checks that failed or ran out of time, by pool, check, stage and kind.
+    pub safety_check_errors: IntCounterVec,
+    /// Time a window of output was held waiting for its verdict, by pool and release policy.
+    pub safety_output_held_seconds: HistogramVec,
     /// Clients that went away before their response was complete.
     pub client_disconnects: IntCounter,
     /// Request body sizes, bytes.
@@ -398,6 +402,17 @@ impl Metrics {
                 "warmpath_safety_check_seconds",
                 "Time a safety check took.",
                 &["check"],
+                prometheus::exponential_buckets(1e-6, 4.0, 12).expect("valid buckets"),
+            ),
+            safety_check_errors: counter(
+                "warmpath_safety_check_errors_total",
+                "Safety checks that failed (kind error) or ran out of time (kind timeout); on_error decided.",
+                &["pool", "check", "stage", "kind"],
+            ),
+            safety_output_held_seconds: with_buckets(
+                "warmpath_safety_output_held_seconds",
+                "Time a window of output was held back waiting for its safety verdict.",
+                &["pool", "release"],
                 prometheus::exponential_buckets(1e-6, 4.0, 12).expect("valid buckets"),
             ),
             health_checks: counter(

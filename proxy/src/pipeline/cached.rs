@@ -64,7 +64,6 @@ pub(super) async fn replay(
     ctx: &mut RequestCtx,
     entry: &Entry,
     prefix: Option<&str>,
-    safety: Option<&str>,
 ) -> pingora::Result<()> {
     let mut resp = ResponseHeader::build(200, Some(6))?;
     if let Some(ct) = &entry.content_type {
@@ -81,9 +80,6 @@ pub(super) async fn replay(
     if let Some(p) = prefix {
         resp.insert_header("x-warmpath-prefix-hash", p)?;
     }
-    if let Some(s) = safety {
-        resp.insert_header("x-warmpath-safety", s)?;
-    }
     ctx.status = 200;
     let mut ok = down.write_response_header(Box::new(resp), entry.is_empty()).await.is_ok();
     for chunk in entry.chunks() {
@@ -97,8 +93,7 @@ pub(super) async fn replay(
         ok = down.write_response_body(None, true).await.is_ok();
     }
     if !ok {
-        state.metrics.client_disconnects.inc();
-        ctx.client_gone = true;
+        super::client_left(state, down, ctx);
     }
     Ok(())
 }

@@ -159,7 +159,7 @@ async fn whole(
                         continue;
                     }
                     Ok(None) => {
-                        r.state.metrics.client_disconnects.inc();
+                        super::client_left(r.state, down, ctx);
                         ctx.status = 499;
                         return Ok(Attempt::Done);
                     }
@@ -199,8 +199,7 @@ async fn whole(
         if down.write_response_header(Box::new(resp), false).await.is_err()
             || down.write_response_body(Some(Bytes::from(out)), true).await.is_err()
         {
-            r.state.metrics.client_disconnects.inc();
-            ctx.client_gone = true;
+            super::client_left(r.state, down, ctx);
         } else {
             ctx.first_byte.get_or_insert_with(Instant::now);
             if let Some((_, rec)) = &mut ctx.recording {
@@ -232,7 +231,7 @@ async fn stream(
     resp.insert_header(header::TRANSFER_ENCODING, "chunked")?;
     ctx.status = header.status.as_u16();
     if down.write_response_header(Box::new(resp), false).await.is_err() {
-        r.state.metrics.client_disconnects.inc();
+        super::client_left(r.state, down, ctx);
         return Ok(Attempt::Done);
     }
     if let Some((_, rec)) = &mut ctx.recording {
@@ -251,8 +250,7 @@ async fn stream(
                 biased;
                 c = up.read_response_body() => c,
                 _ = down.gone() => {
-                    r.state.metrics.client_disconnects.inc();
-                    ctx.client_gone = true;
+                    super::client_left(r.state, down, ctx);
                     return Ok(Attempt::Done);
                 }
             };
@@ -272,8 +270,7 @@ async fn stream(
                             rec.push(out.as_bytes());
                         }
                         if down.write_response_body(Some(Bytes::from(out)), false).await.is_err() {
-                            r.state.metrics.client_disconnects.inc();
-                            ctx.client_gone = true;
+                            super::client_left(r.state, down, ctx);
                             return Ok(Attempt::Done);
                         }
                         ctx.first_byte.get_or_insert_with(Instant::now);
@@ -314,8 +311,7 @@ async fn stream(
                         return Ok(Attempt::Done);
                     }
                     Ok(None) => {
-                        r.state.metrics.client_disconnects.inc();
-                        ctx.client_gone = true;
+                        super::client_left(r.state, down, ctx);
                         return Ok(Attempt::Done);
                     }
                     Err(e) => {
@@ -345,8 +341,7 @@ async fn stream(
             rec.push(end.as_bytes());
         }
         if down.write_response_body(Some(Bytes::from(end)), true).await.is_err() {
-            r.state.metrics.client_disconnects.inc();
-            ctx.client_gone = true;
+            super::client_left(r.state, down, ctx);
         } else if let Some((_, rec)) = &mut ctx.recording {
             rec.complete();
         }

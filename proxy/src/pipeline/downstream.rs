@@ -23,6 +23,13 @@ pub trait Downstream: Send {
     /// The answer cannot be ended honestly (a body with a length broke off): close the client
     /// connection after it.
     fn close_after(&mut self);
+
+    /// warmpath itself stopped this answer (a safety verdict): writes fail and `gone` resolves
+    /// although the client is still there, and the pipeline answers it once the backend call
+    /// is dropped.
+    fn stopped(&self) -> bool {
+        false
+    }
 }
 
 #[async_trait]

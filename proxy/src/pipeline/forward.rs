@@ -47,12 +47,11 @@ pub(super) async fn forward(
         if retries.attempt > 1 {
             route_hdr.push_str(&format!("; attempt={}", retries.attempt));
         }
-        let headers =
-            WarmpathHeaders { route: &route_hdr, prefix: out.prefix, cache: out.cache, safety: out.safety };
+        let headers = WarmpathHeaders { route: &route_hdr, prefix: out.prefix, cache: out.cache };
         let (up, header) = match attempt::reach(state, down, &backend, out.template, &out.body).await? {
             Reached::Header(up, header) => (up, header),
             Reached::ClientGone => {
-                state.metrics.client_disconnects.inc();
+                super::client_left(state, down, ctx);
                 ctx.status = 499;
                 return Ok(());
             }
@@ -72,8 +71,7 @@ pub(super) async fn forward(
             Attempt::Failed(f) => retries.failed(&backend, f),
         }
     }
-    let headers =
-        WarmpathHeaders { route: "exhausted", prefix: out.prefix, cache: out.cache, safety: out.safety };
+    let headers = WarmpathHeaders { route: "exhausted", prefix: out.prefix, cache: out.cache };
     attempt::exhausted(state, down, ctx, retries.last.take(), headers, &pool.name).await
 }
 
@@ -102,7 +100,7 @@ async fn relay_answer(
     let sse = is_sse(&up_header);
     ctx.status = status;
     if down.write_response_header(Box::new(resp), false).await.is_err() {
-        state.metrics.client_disconnects.inc();
+        super::client_left(state, down, ctx);
         return Ok(Attempt::Done);
     }
     let mut tail = Tail::default();
@@ -138,16 +136,14 @@ async fn relay_answer(
                 state.upstream.release(up, &backend.peer).await;
             }
             if down.write_response_body(None, true).await.is_err() {
-                state.metrics.client_disconnects.inc();
-                ctx.client_gone = true;
+                super::client_left(state, down, ctx);
             } else if let Some((_, rec)) = &mut ctx.recording {
                 rec.complete();
             }
         }
         Pumped::ClientGone => {
             // Dropping `up` closes the backend connection, which cancels the generation.
-            state.metrics.client_disconnects.inc();
-            ctx.client_gone = true;
+            super::client_left(state, down, ctx);
         }
         Pumped::UpstreamCut(kind) => {
             attempt::note_failure(state, pool, backend, "stream_cut");

@@ -15,8 +15,6 @@ pub(super) struct WarmpathHeaders<'a> {
     pub prefix: Option<&'a str>,
     /// `x-warmpath-cache`, where the pool has a response cache.
     pub cache: Option<&'a str>,
-    /// `x-warmpath-safety`, where the pool has safety checks.
-    pub safety: Option<&'a str>,
 }
 
 /// Response headers warmpath does not copy: hop-by-hop ones and those framing sets again.
@@ -43,9 +41,6 @@ pub(super) fn response_header(
     }
     if let Some(c) = headers.cache {
         resp.insert_header("x-warmpath-cache", c)?;
-    }
-    if let Some(s) = headers.safety {
-        resp.insert_header("x-warmpath-safety", s)?;
     }
     Ok(resp)
 }

@@ -22,10 +22,15 @@ pub mod cached;
 mod deferred;
 pub mod downstream;
 mod forward;
+mod gate;
+pub mod guard;
 mod headers;
+mod refusal;
 pub mod relay;
+mod release;
 pub mod respond;
 
+use std::sync::Arc;
 use std::time::Instant;
 
 use bytes::Bytes;
@@ -34,12 +39,17 @@ use warmpath_wire::openai::ApiError;
 pub use downstream::Downstream;
 
 use crate::canon::Prepared;
+use crate::config::InputMode;
 use crate::request::head::{Head, RequestTemplate};
 use crate::request::{LlmRequest, LlmRoute};
 use crate::route::key::route_key;
+use crate::safety::Safety;
 use crate::state::{AppState, Pool, RequestCtx};
 use crate::tools::search::SearchPlan;
 use cached::Lookup;
+use gate::InputGate;
+use refusal::Refused;
+use release::OutputRelease;
 
 /// Runs one LLM request whose body is read: its answer, or its error in the OpenAI shape, goes
 /// to `down`.
@@ -61,17 +71,107 @@ pub async fn run(
         let e = ApiError::model_not_found(parsed.model());
         return reject(state, down, ctx, &e, "model_not_found").await;
     };
-    // Input safety checks: in-process rules take microseconds, so they run before anything
-    // goes out (a blocked request never reaches a backend).
-    let safety = match pool.safety.as_ref().map(|s| s.check_input(&parsed)) {
-        None => None,
-        Some(Ok(said)) => Some(said),
-        Some(Err((said, e))) => {
-            state.metrics.rejections.with_label_values(&["content_policy"]).inc();
-            ctx.status = e.status;
-            return respond::send_error(down, &e, &[("x-warmpath-safety", said.to_owned())]).await;
-        }
+    admitted(state, pool, down, ctx, parsed, &body, head).await
+}
+
+/// Runs one LLM request on pool `pool`, whatever model it names (warmpath's own calls: the
+/// guard model's).
+pub async fn run_on(
+    state: &AppState,
+    pool: &Arc<Pool>,
+    down: &mut dyn Downstream,
+    ctx: &mut RequestCtx,
+    route: LlmRoute,
+    body: Bytes,
+    head: &Head,
+) -> pingora::Result<()> {
+    match LlmRequest::parse(route, &body) {
+        Ok(parsed) => admitted(state, pool, down, ctx, parsed, &body, head).await,
+        Err(e) => reject(state, down, ctx, &e, "bad_request").await,
+    }
+}
+
+/// An admitted request: its input checks started (the rules decided, redactions made), then
+/// the stages, with the client behind the input gate and the output release policy where the
+/// pool has checks.
+async fn admitted(
+    state: &AppState,
+    pool: &Arc<Pool>,
+    down: &mut dyn Downstream,
+    ctx: &mut RequestCtx,
+    parsed: LlmRequest<'_>,
+    body: &Bytes,
+    head: &Head,
+) -> pingora::Result<()> {
+    let Some(safety) = pool.safety.as_deref() else {
+        return stages(state, pool, down, ctx, parsed, body, head).await;
     };
+    let refused = Refused::of(&parsed);
+    let mut input = safety.input(&parsed, body);
+    if let Some(d) = input.refused.take() {
+        return refuse(state, down, ctx, safety, &refused, &d).await;
+    }
+    // The sequential baseline: the remote checks decide before anything goes out.
+    if safety.input.mode == InputMode::Before {
+        if let Some(mut p) = input.pending.take() {
+            let d = p.decided().await;
+            if d.blocks() {
+                return refuse(state, down, ctx, safety, &refused, &d).await;
+            }
+        }
+    }
+    let mut gate = InputGate::new(down, input.pending.take(), &safety.names);
+    let output = safety.checks_output() && parsed.route != LlmRoute::Responses;
+    let redacted = input.body.take().map(Bytes::from);
+    let reparsed = match &redacted {
+        Some(b) => Some(LlmRequest::parse(parsed.route, b)),
+        None => None,
+    };
+    let (parsed, body) = match (reparsed, &redacted) {
+        (Some(Ok(p)), Some(b)) => (p, b),
+        _ => (parsed, body),
+    };
+    if output {
+        let completion = parsed.route == LlmRoute::Completions;
+        let mut release = OutputRelease::new(&mut gate, safety, input.turns.clone(), completion);
+        stages(state, pool, &mut release, ctx, parsed, body, head).await?;
+        let _ = release.finish().await;
+    } else {
+        stages(state, pool, &mut gate, ctx, parsed, body, head).await?;
+    }
+    let d = gate.verdict().await;
+    if d.blocks() {
+        return refuse(state, gate.into_inner(), ctx, safety, &refused, &d).await;
+    }
+    Ok(())
+}
+
+/// Answers a request its input checks refused, counted.
+async fn refuse(
+    state: &AppState,
+    down: &mut dyn Downstream,
+    ctx: &mut RequestCtx,
+    safety: &Safety,
+    refused: &Refused,
+    d: &crate::safety::Decision,
+) -> pingora::Result<()> {
+    state.metrics.rejections.with_label_values(&["content_policy"]).inc();
+    ctx.client_gone = false;
+    ctx.status = refused.answer(down, safety, d).await?;
+    Ok(())
+}
+
+/// Steps 3 to 6: prepare, the response cache, the route key, forward.
+async fn stages(
+    state: &AppState,
+    pool: &Arc<Pool>,
+    down: &mut dyn Downstream,
+    ctx: &mut RequestCtx,
+    parsed: LlmRequest<'_>,
+    body: &Bytes,
+    head: &Head,
+) -> pingora::Result<()> {
+    let route = parsed.route;
     // 3. Prepare.
     let prepared = match prepare(state, pool, &parsed) {
         Ok(p) => p,
@@ -79,11 +179,9 @@ pub async fn run(
     };
     let prefix = prepared.blocks.as_ref().map(|b| format!("{:016x}", b.prefix_hash));
     // 4. Response cache.
-    let sent: &[u8] = prepared.body.as_deref().unwrap_or(&body);
+    let sent: &[u8] = prepared.body.as_deref().unwrap_or(body);
     let cache = match cached::look_up(state, pool, head, &parsed, sent) {
-        Lookup::Hit(entry) => {
-            return cached::replay(state, down, ctx, &entry, prefix.as_deref(), safety).await
-        }
+        Lookup::Hit(entry) => return cached::replay(state, down, ctx, &entry, prefix.as_deref()).await,
         Lookup::Miss(rec) => {
             ctx.recording = Some((pool.clone(), rec));
             Some("miss")
@@ -100,13 +198,22 @@ pub async fn run(
         pool,
         route,
         template: &head.template,
-        body: prepared.body.map(Bytes::from).unwrap_or(body),
+        body: prepared.body.map(Bytes::from).unwrap_or_else(|| body.clone()),
         search: prepared.search.as_ref(),
         prefix: prefix.as_deref(),
         cache,
-        safety,
     };
     forward::forward(&out, down, ctx, &key).await
+}
+
+/// The client left (its connection broke or it stopped waiting): counted, unless warmpath
+/// itself stopped the answer (a safety verdict), which the pipeline answers instead.
+pub(crate) fn client_left(state: &AppState, down: &dyn Downstream, ctx: &mut RequestCtx) {
+    if down.stopped() {
+        return;
+    }
+    state.metrics.client_disconnects.inc();
+    ctx.client_gone = true;
 }
 
 /// A request ready to go to a backend of its pool.
@@ -122,8 +229,6 @@ struct Outgoing<'a> {
     /// `x-warmpath-prefix-hash` and `x-warmpath-cache`.
     pub prefix: Option<&'a str>,
     pub cache: Option<&'static str>,
-    /// `x-warmpath-safety`: the checks that ran, where the pool has any.
-    pub safety: Option<&'static str>,
 }
 
 /// The canonical body and prefix blocks, where the pool rewrites or its policy reads blocks;

@@ -1,155 +1,307 @@
-//! The safety stage: checks that decide whether a request may go out (issue 23). Built so far:
-//! the [`rules`] check on the input of every LLM request (chat, completions, and each backend
-//! call of a Responses turn over HTTP or WebSocket all pass through the pipeline that calls
-//! [`Safety::check_input`]): built-in detectors for personal data and secrets and a policy's
-//! deny/allow patterns, in-process and in microseconds, so it runs before the request goes out
-//! at no measurable cost. A finding blocks or is only counted; `audit` counts what would have
-//! blocked. Not built yet: output checks and release policies, redaction, the `moderation` and
-//! `guard_model` checks, per-turn incremental verdicts.
+//! The safety stage: checks that decide whether a request may go out and what of its answer
+//! the client may see (issue 23). Every LLM request of a pool with `[pools.safety]` — chat,
+//! completions, and each backend call of a Responses turn over HTTP or WebSocket — meets it in
+//! the pipeline, which calls [`Safety::input`] once the request is parsed and wraps the client
+//! in the output release policy, which calls [`Safety::output`] per window of the answer.
+//!
+//! Three checks ([`check`]): `rules` ([`rules`]: in-process detectors and patterns, in
+//! microseconds, so they always run inline, before anything goes out, and they alone can
+//! redact), `moderation` ([`moderation`]: an HTTP service) and `guard_model` ([`guard`]: a
+//! classifier on one of the policy's pools). The two remote checks run as a task beside the
+//! backend call ([`Pending`]); the pipeline decides what waits for them.
 
+pub mod check;
+pub mod guard;
+pub mod moderation;
 pub mod rules;
+pub mod texts;
 
-use std::borrow::Cow;
+use std::sync::Arc;
 use std::time::Instant;
 
-use prometheus::{Histogram, IntCounter, IntCounterVec};
-use serde_json::Value;
-use warmpath_wire::openai::ApiError;
+use prometheus::Histogram;
+use tokio::task::JoinHandle;
 
-use crate::config::{RuleAction, SafetyConfig};
+use crate::config::{InputConfig, OutputConfig, Release, RuleAction, RulesConfig, SafetyConfig, Stage};
 use crate::observe::Metrics;
-use crate::request::{ContentView, LlmRequest};
-use rules::{Action, Rules, RulesSpec};
+use crate::request::LlmRequest;
+use check::{Counted, Remote, RemoteSpec};
+pub use check::{Decision, Subject, Turn};
+use rules::{Action, Finding, Rules, RulesSpec};
 
-/// A pool's checks.
+/// A pool's checks and release policy.
 pub struct Safety {
-    rules: Rules,
-    audit: bool,
-    counted: Counted,
+    pub input: InputConfig,
+    pub output: OutputConfig,
+    /// The checks configured, comma-separated (`x-warmpath-safety`).
+    pub names: String,
+    rules: Option<RulesCheck>,
+    remote: Arc<[Arc<Remote>]>,
+    /// Output held back waiting for a verdict.
+    pub held: Histogram,
 }
 
-/// The pool's metric handles, resolved once.
-struct Counted {
-    pool: String,
-    pass: IntCounter,
-    block: IntCounter,
-    audit_block: IntCounter,
-    seconds: Histogram,
-    /// By category and action: labelled as findings come.
-    findings: IntCounterVec,
+/// The `rules` check with its handles.
+struct RulesCheck {
+    rules: Rules,
+    audit: bool,
+    input: Option<Counted>,
+    output: Option<Counted>,
+}
+
+/// What the services a pool's checks call are reached through (built by the server).
+pub struct Services {
+    pub upstream: Arc<crate::upstream::Upstream>,
+    pub upstream_cfg: crate::config::UpstreamConfig,
+    /// The guard model's pool, where `guard_model` is configured.
+    pub guard: Option<Arc<dyn guard::Complete>>,
 }
 
 impl std::fmt::Debug for Safety {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Safety").field("audit", &self.audit).finish_non_exhaustive()
+        f.debug_struct("Safety").field("names", &self.names).finish_non_exhaustive()
     }
+}
+
+/// The input stage's start: refused at once by the rules, or going out — with its body
+/// rewritten where the rules redact, and the remote checks' verdict to come where any run.
+pub struct Input {
+    pub refused: Option<Decision>,
+    /// The request body with redacted spans, where any.
+    pub body: Option<Vec<u8>>,
+    pub pending: Option<Pending>,
+    /// The request's turns (redacted), the context of output checks.
+    pub turns: Arc<Vec<Turn>>,
+}
+
+/// One output window's judgement: the rules' now, the remote checks' to come.
+pub struct Judged {
+    pub now: Decision,
+    /// Per text judged: its redacted spans (byte ranges of the text), where the rules redact.
+    pub redact: Vec<Vec<(usize, usize, String)>>,
+    pub pending: Option<Pending>,
 }
 
 impl Safety {
     /// The checks `[pools.safety]` configures for pool `pool`, `None` when it configures none.
-    pub fn from_config(c: &SafetyConfig, pool: &str, metrics: &Metrics) -> Result<Option<Safety>, String> {
-        let Some(r) = &c.rules else { return Ok(None) };
-        let action = |a: RuleAction| match a {
-            RuleAction::Block => Action::Block,
-            RuleAction::Redact => Action::Redact,
-            RuleAction::Log => Action::Log,
+    pub fn from_config(
+        c: &SafetyConfig,
+        pool: &str,
+        metrics: &Metrics,
+        services: &Services,
+    ) -> Result<Option<Safety>, String> {
+        if !c.any() {
+            return Ok(None);
+        }
+        let rules = c.rules.as_ref().map(|r| rules_check(r, pool, metrics)).transpose()?;
+        let mut remote = Vec::new();
+        let mut names: Vec<&str> = rules.iter().map(|_| "rules").collect();
+        if let Some(m) = &c.moderation {
+            let judge = moderation::Moderation::new(m, services.upstream.clone(), &services.upstream_cfg)
+                .map_err(|e| format!("moderation: {e}"))?;
+            let spec = RemoteSpec {
+                timeout_ms: m.timeout_ms,
+                on_error: m.on_error,
+                audit: m.audit,
+                stages: m.stages.clone(),
+            };
+            remote.push(Arc::new(Remote::new("moderation", Box::new(judge), spec, metrics, pool)));
+            names.push("moderation");
+        }
+        if let Some(g) = &c.guard_model {
+            let complete = services.guard.clone().ok_or("guard_model: its pool is not built")?;
+            let judge = guard::Guard::new(g, g.template.clone(), complete);
+            let spec = RemoteSpec {
+                timeout_ms: g.timeout_ms,
+                on_error: g.on_error,
+                audit: g.audit,
+                stages: g.stages.clone(),
+            };
+            remote.push(Arc::new(Remote::new("guard_model", Box::new(judge), spec, metrics, pool)));
+            names.push("guard_model");
+        }
+        let release = match c.output.release {
+            Release::AfterCheck => "after_check",
+            Release::Stream => "stream",
+            Release::Buffered => "buffered",
         };
-        let spec = RulesSpec {
-            detect: r.detect.clone(),
-            deny: r.deny.iter().map(|(k, p)| (k.clone(), p.0.as_str().to_owned())).collect(),
-            allow: r.allow.iter().map(|p| p.0.as_str().to_owned()).collect(),
-            actions: r.actions.iter().map(|(k, a)| (k.clone(), action(*a))).collect(),
-            default_action: Some(action(r.default_action)),
-        };
-        let checks =
-            |verdict: &str| metrics.safety_checks.with_label_values(&[pool, "rules", "input", verdict]);
-        let counted = Counted {
-            pool: pool.to_owned(),
-            pass: checks("pass"),
-            block: checks("block"),
-            audit_block: checks("audit_block"),
-            seconds: metrics.safety_check_seconds.with_label_values(&["rules"]),
-            findings: metrics.safety_findings.clone(),
-        };
-        Ok(Some(Safety { rules: Rules::new(&spec)?, audit: r.audit, counted }))
+        Ok(Some(Safety {
+            input: c.input.clone(),
+            output: c.output.clone(),
+            names: names.join(","),
+            rules,
+            remote: remote.into(),
+            held: metrics.safety_output_held_seconds.with_label_values(&[pool, release]),
+        }))
     }
 
-    /// Runs the input checks on `req`: what `x-warmpath-safety` says of them, or, where one
-    /// blocks the request, that and the error to answer with.
-    pub fn check_input(&self, req: &LlmRequest<'_>) -> Result<&'static str, (&'static str, ApiError)> {
-        let started = Instant::now();
-        let c = &self.counted;
-        let mut blocked: Option<String> = None;
-        for text in input_texts(req) {
-            let verdict = self.rules.check(&text);
-            for f in &verdict.findings {
-                let taken = match self.rules.action(&f.category) {
-                    _ if self.audit => "audit",
-                    Action::Block => "block",
-                    Action::Redact | Action::Log => "log",
-                };
-                c.findings.with_label_values(&[&c.pool, "rules", &f.category, taken]).inc();
-            }
-            blocked = blocked.or(verdict.blocked_by);
-        }
-        c.seconds.observe(started.elapsed().as_secs_f64());
-        match blocked {
-            None => {
-                c.pass.inc();
-                Ok("rules; input=pass")
-            }
-            Some(_) if self.audit => {
-                c.audit_block.inc();
-                Ok("rules; input=audit_block")
-            }
-            Some(category) => {
-                c.block.inc();
-                let e = ApiError::invalid_request(format!(
-                    "the request was refused by this deployment's content policy (input: {category})"
-                ));
-                Err(("rules; input=block", e.with_code("content_policy_violation")))
-            }
-        }
+    /// Whether any check reads the answer.
+    pub fn checks_output(&self) -> bool {
+        self.rules.as_ref().is_some_and(|r| r.output.is_some())
+            || self.remote.iter().any(|c| c.runs_on(Stage::Output))
     }
-}
 
-/// The texts of a request that input checks read: every message's content, the completion
-/// prompt, a Responses request's instructions and input (item contents, text parts, tool
-/// outputs).
-pub fn input_texts<'a>(req: &LlmRequest<'a>) -> Vec<Cow<'a, str>> {
-    let mut out = Vec::new();
-    for m in &req.messages {
-        match &m.content {
-            Some(ContentView::Text(t)) => out.push(t.0.clone()),
-            // Text parts joined as the template joins them; parts that are not text (an image)
-            // do not exempt the text beside them.
-            Some(ContentView::Parts(parts)) => out.push(Cow::Owned(
-                parts.iter().filter_map(|p| p.text.as_ref()).map(|t| t.0.as_ref()).collect(),
-            )),
-            _ => {}
-        }
-    }
-    for raw in [req.content, req.instructions].into_iter().flatten() {
-        if let Ok(v) = serde_json::from_str::<Value>(raw.get()) {
-            strings(v, &mut out);
-        }
-    }
-    out
-}
-
-/// The strings of a prompt or input value, moved out of it: itself, a list's, and an item's
-/// `content`, `text` and `output`.
-fn strings(v: Value, out: &mut Vec<Cow<'_, str>>) {
-    match v {
-        Value::String(s) => out.push(Cow::Owned(s)),
-        Value::Array(a) => a.into_iter().for_each(|x| strings(x, out)),
-        Value::Object(mut o) => {
-            for key in ["content", "text", "output"] {
-                if let Some(x) = o.remove(key) {
-                    strings(x, out);
+    /// Starts the input checks of `req` (parsed from `body`): the rules now, the remote
+    /// checks as a task.
+    pub fn input(&self, req: &LlmRequest<'_>, body: &[u8]) -> Input {
+        let mut turns = texts::input_turns(req);
+        let mut out = Input { refused: None, body: None, pending: None, turns: Arc::default() };
+        if let Some(r) = &self.rules {
+            if let Some(c) = &r.input {
+                let started = Instant::now();
+                let mut blocked = None;
+                let mut redacts = false;
+                for t in &mut turns {
+                    let v = r.rules.check(&t.text);
+                    for f in &v.findings {
+                        c.finding(&f.category, r.taken(&f.category));
+                    }
+                    blocked = blocked.or(v.blocked_by);
+                    if let Some(red) = v.redacted.filter(|_| !r.audit) {
+                        t.text = red;
+                        redacts = true;
+                    }
+                }
+                let decision = c.verdict(blocked, r.audit);
+                if redacts && !decision.blocks() {
+                    out.body = texts::rewrite_body(body, req, &mut |s| r.rules.check(s).redacted);
+                }
+                c.took(started);
+                if decision.blocks() {
+                    out.refused = Some(decision);
+                    return out;
                 }
             }
         }
-        _ => {}
+        out.turns = Arc::new(turns);
+        if self.remote.iter().any(|c| c.runs_on(Stage::Input)) {
+            let subject = Subject { context: Arc::default(), judged: out.turns.to_vec() };
+            out.pending = Some(Pending::spawn(self.remote.clone(), Stage::Input, subject));
+        }
+        out
+    }
+
+    /// Judges one window of the answer: `texts` per choice, each `(text, new_from)` where the
+    /// bytes before `new_from` are the overlap with the previous window (already judged: their
+    /// findings are not counted again, and a span there is masked only where it reaches past).
+    pub fn output(&self, context: &Arc<Vec<Turn>>, texts: &[(String, usize)]) -> Judged {
+        let mut out = Judged { now: Decision::Pass, redact: vec![Vec::new(); texts.len()], pending: None };
+        if let Some(r) = &self.rules {
+            if let Some(c) = &r.output {
+                let started = Instant::now();
+                let mut blocked = None;
+                for (i, (text, new_from)) in texts.iter().enumerate() {
+                    let findings: Vec<Finding> =
+                        r.rules.scan(text).into_iter().filter(|f| f.end > *new_from).collect();
+                    for f in &findings {
+                        c.finding(&f.category, r.taken(&f.category));
+                        match r.rules.action(&f.category) {
+                            Action::Block => blocked = blocked.or(Some(f.category.clone())),
+                            Action::Redact if !r.audit => {
+                                out.redact[i].push((f.start.max(*new_from), f.end, f.category.to_uppercase()))
+                            }
+                            _ => {}
+                        }
+                    }
+                }
+                out.now = c.verdict(blocked, r.audit);
+                c.took(started);
+            }
+        }
+        if !out.now.blocks() && self.remote.iter().any(|c| c.runs_on(Stage::Output)) {
+            let judged = texts
+                .iter()
+                .filter(|(t, _)| !t.is_empty())
+                .map(|(t, _)| Turn { role: "assistant".into(), text: t.clone() })
+                .collect();
+            let subject = Subject { context: context.clone(), judged };
+            out.pending = Some(Pending::spawn(self.remote.clone(), Stage::Output, subject));
+        }
+        out
+    }
+}
+
+impl RulesCheck {
+    /// The `action` label of a finding of `category`.
+    fn taken(&self, category: &str) -> &'static str {
+        match self.rules.action(category) {
+            _ if self.audit => "audit",
+            Action::Block => "block",
+            Action::Redact => "redact",
+            Action::Log => "log",
+        }
+    }
+}
+
+fn rules_check(r: &RulesConfig, pool: &str, metrics: &Metrics) -> Result<RulesCheck, String> {
+    let action = |a: RuleAction| match a {
+        RuleAction::Block => Action::Block,
+        RuleAction::Redact => Action::Redact,
+        RuleAction::Log => Action::Log,
+    };
+    let spec = RulesSpec {
+        detect: r.detect.clone(),
+        deny: r.deny.iter().map(|(k, p)| (k.clone(), p.0.as_str().to_owned())).collect(),
+        allow: r.allow.iter().map(|p| p.0.as_str().to_owned()).collect(),
+        actions: r.actions.iter().map(|(k, a)| (k.clone(), action(*a))).collect(),
+        default_action: Some(action(r.default_action)),
+    };
+    let counted = |s: Stage| r.stages.contains(&s).then(|| Counted::new(metrics, pool, "rules", s));
+    Ok(RulesCheck {
+        rules: Rules::new(&spec)?,
+        audit: r.audit,
+        input: counted(Stage::Input),
+        output: counted(Stage::Output),
+    })
+}
+
+/// The remote checks' verdict on one subject, computed by a task of its own (so it runs while
+/// the request goes on); dropping it cancels the checks.
+pub struct Pending {
+    task: JoinHandle<Decision>,
+    done: Option<Decision>,
+}
+
+impl Pending {
+    fn spawn(checks: Arc<[Arc<Remote>]>, stage: Stage, subject: Subject) -> Pending {
+        let task = tokio::spawn(async move { check::run_all(&checks, stage, &subject).await });
+        Pending { task, done: None }
+    }
+
+    /// The verdict, waiting for it. Cancel-safe.
+    pub async fn decided(&mut self) -> Decision {
+        if let Some(d) = &self.done {
+            return d.clone();
+        }
+        let d = match (&mut self.task).await {
+            Ok(d) => d,
+            // The task panicked: a check that cannot answer, failed closed.
+            Err(_) => Decision::Block { check: "safety", category: "check_error".into() },
+        };
+        self.done = Some(d.clone());
+        d
+    }
+
+    /// The verdict where it is in, without waiting.
+    pub fn ready(&mut self) -> Option<Decision> {
+        if self.done.is_none() && !self.task.is_finished() {
+            return None;
+        }
+        futures_util::FutureExt::now_or_never(self.decided())
+    }
+}
+
+impl Drop for Pending {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+/// `x-warmpath-safety`'s word for a stage's decision.
+pub fn said(d: &Decision) -> &'static str {
+    if d.blocks() {
+        "block"
+    } else {
+        "pass"
     }
 }

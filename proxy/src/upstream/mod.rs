@@ -105,6 +105,47 @@ impl FailKind {
     }
 }
 
+/// `POST {base}{path}` of a JSON body (with a bearer token where given); the status and body
+/// (at most 4 MiB). The caller sets the deadline.
+pub async fn post_json(
+    up: &Upstream,
+    peer: &Peer,
+    path: &str,
+    body: Bytes,
+    bearer: Option<&str>,
+) -> Result<(u16, Bytes), String> {
+    let full = format!("{}{path}", peer.url.base_path);
+    let (mut s, _) = up.connect(peer).await.map_err(|e| e.to_string())?;
+    let mut req = RequestHeader::build("POST", full.as_bytes(), Some(4)).map_err(|e| e.to_string())?;
+    let e = |e: Box<Error>| e.to_string();
+    req.insert_header(http::header::HOST, peer.authority.as_str()).map_err(e)?;
+    req.insert_header(http::header::CONTENT_TYPE, "application/json").map_err(e)?;
+    req.insert_header(http::header::CONTENT_LENGTH, body.len().to_string()).map_err(e)?;
+    if let Some(key) = bearer {
+        req.insert_header(http::header::AUTHORIZATION, format!("Bearer {key}")).map_err(e)?;
+    }
+    s.write_request_header(Box::new(req)).await.map_err(e)?;
+    s.write_request_body(body, true).await.map_err(e)?;
+    s.finish_request_body().await.map_err(e)?;
+    read_whole(up, peer, s).await
+}
+
+/// Reads a response whose request is sent: its status and body (at most 4 MiB); the connection
+/// goes back to the pool.
+async fn read_whole(up: &Upstream, peer: &Peer, mut s: HttpSession) -> Result<(u16, Bytes), String> {
+    s.read_response_header().await.map_err(|e| e.to_string())?;
+    let status = s.response_header().map(|h| h.status.as_u16()).unwrap_or(0);
+    let mut body = BytesMut::new();
+    while let Some(chunk) = s.read_response_body().await.map_err(|e| e.to_string())? {
+        if body.len() + chunk.len() > 4 << 20 {
+            return Err("response over 4 MiB".to_owned());
+        }
+        body.extend_from_slice(&chunk);
+    }
+    up.release(s, peer).await;
+    Ok((status, body.freeze()))
+}
+
 /// `GET {base}{path}` with a deadline; the status and body (at most 4 MiB).
 pub async fn get(up: &Upstream, peer: &Peer, path: &str, timeout: Duration) -> Result<(u16, Bytes), String> {
     let call = async {
@@ -114,17 +155,7 @@ pub async fn get(up: &Upstream, peer: &Peer, path: &str, timeout: Duration) -> R
         req.insert_header(http::header::HOST, peer.authority.as_str()).map_err(|e| e.to_string())?;
         s.write_request_header(Box::new(req)).await.map_err(|e| e.to_string())?;
         s.finish_request_body().await.map_err(|e| e.to_string())?;
-        s.read_response_header().await.map_err(|e| e.to_string())?;
-        let status = s.response_header().map(|h| h.status.as_u16()).unwrap_or(0);
-        let mut body = BytesMut::new();
-        while let Some(chunk) = s.read_response_body().await.map_err(|e| e.to_string())? {
-            if body.len() + chunk.len() > 4 << 20 {
-                return Err("response over 4 MiB".to_owned());
-            }
-            body.extend_from_slice(&chunk);
-        }
-        up.release(s, peer).await;
-        Ok((status, body.freeze()))
+        read_whole(up, peer, s).await
     };
     tokio::time::timeout(timeout, call).await.map_err(|_| format!("no answer within {timeout:?}"))?
 }

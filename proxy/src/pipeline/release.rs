@@ -1,0 +1,464 @@
+//! The output release policy: a [`Downstream`] between the forwarding code and the client that
+//! shows the answer to the output checks window by window and releases it as
+//! `[pools.safety.output] release` says — `after_check` (a window waits for its verdict),
+//! `stream` (text goes at once, checks trail it) or `buffered` (up to `lag_tokens` held back).
+//!
+//! A stream (chat or completions SSE) is cut into events; each event with text counts as one
+//! token (servers stream one token per event). A window closes after `window_tokens` of them or
+//! at a finish; it is judged with the last `overlap_tokens` pieces of the previous window in
+//! front, so that a finding split between windows is seen. A block cuts the stream: what is
+//! still held is dropped, a closing chunk with `finish_reason: "content_filter"` and
+//! `data: [DONE]` end it, and the backend call is dropped (writes fail, `gone` resolves). A
+//! whole answer is judged whole before any of it goes out: cut, it keeps its shape with empty
+//! text and `content_filter`. Redaction masks spans in text still held.
+
+use std::collections::{BTreeMap, VecDeque};
+use std::sync::Arc;
+use std::time::Instant;
+
+use async_trait::async_trait;
+use bytes::{Bytes, BytesMut};
+use pingora::http::ResponseHeader;
+use pingora::{Error, ErrorType};
+use serde_json::Value;
+use warmpath_wire::sse;
+
+use super::downstream::Downstream;
+use super::headers::is_sse;
+use crate::config::Release;
+use crate::safety::texts::{self, Loc};
+use crate::safety::{Decision, Pending, Safety, Turn};
+
+/// Largest whole answer held for its checks.
+const MAX_WHOLE: usize = 16 << 20;
+
+enum Mode {
+    /// Not yet known (no header yet).
+    Start,
+    /// Passed through unchecked: an error status, a body that is neither.
+    Through,
+    Stream,
+    /// A whole JSON answer, held with its header until judged.
+    Whole(Box<ResponseHeader>, BytesMut),
+}
+
+/// An event of the stream not yet released.
+struct Held {
+    bytes: Bytes,
+    window: u64,
+    tokens: usize,
+    /// Its text pieces: (choice, place, start and end in its window's text).
+    pieces: Vec<(u32, Loc, usize, usize)>,
+}
+
+/// A closed window's judgement.
+struct Judging {
+    seq: u64,
+    pending: Option<Pending>,
+    decision: Option<Decision>,
+    closed: Instant,
+}
+
+/// One choice's text in the open window.
+#[derive(Default)]
+struct ChoiceText {
+    /// Pieces of the previous window checked again in front of this one's.
+    overlap: Vec<String>,
+    pieces: Vec<String>,
+    len: usize,
+}
+
+pub(super) struct OutputRelease<'d> {
+    inner: &'d mut dyn Downstream,
+    safety: &'d Safety,
+    context: Arc<Vec<Turn>>,
+    completion: bool,
+    mode: Mode,
+    events: sse::Splitter,
+    held: VecDeque<Held>,
+    held_tokens: usize,
+    /// The open window: its number, its tokens, its text per choice.
+    seq: u64,
+    tokens: usize,
+    choices: BTreeMap<u32, ChoiceText>,
+    judging: VecDeque<Judging>,
+    /// Every window below this one passed.
+    passed: u64,
+    blocked: bool,
+    /// The client's stream is over (ended, or cut).
+    closed: bool,
+    last_chunk: Option<Value>,
+}
+
+impl<'d> OutputRelease<'d> {
+    pub fn new(
+        inner: &'d mut dyn Downstream,
+        safety: &'d Safety,
+        context: Arc<Vec<Turn>>,
+        completion: bool,
+    ) -> OutputRelease<'d> {
+        OutputRelease {
+            inner,
+            safety,
+            context,
+            completion,
+            mode: Mode::Start,
+            events: sse::Splitter::default(),
+            held: VecDeque::new(),
+            held_tokens: 0,
+            seq: 0,
+            tokens: 0,
+            choices: BTreeMap::new(),
+            judging: VecDeque::new(),
+            passed: 0,
+            blocked: false,
+            closed: false,
+            last_chunk: None,
+        }
+    }
+
+    fn release_word(&self) -> &'static str {
+        match self.safety.output.release {
+            Release::AfterCheck => "after_check",
+            Release::Stream => "stream",
+            Release::Buffered => "buffered",
+        }
+    }
+
+    fn stopped_error() -> Box<Error> {
+        Error::explain(ErrorType::WriteError, "the answer was cut by an output safety check")
+    }
+
+    /// Takes in a stream's bytes: events split off, their text added to the open window,
+    /// windows closed and judged as they fill.
+    fn take_in(&mut self, bytes: &[u8]) {
+        self.events.push(bytes);
+        while let Some((raw, data)) = self.events.next_event() {
+            let value = serde_json::from_str::<Value>(&data).ok();
+            let carried = value.as_ref().map(texts::pieces).unwrap_or_default();
+            let mut pieces = Vec::new();
+            for p in carried.pieces {
+                let c = self.choices.entry(p.choice).or_default();
+                let start = c.len;
+                c.len += p.text.len();
+                c.pieces.push(p.text);
+                pieces.push((p.choice, p.loc, start, c.len));
+            }
+            if value.as_ref().is_some_and(|v| v.get("choices").is_some()) {
+                self.last_chunk = value;
+            }
+            let tokens = usize::from(!pieces.is_empty());
+            self.tokens += tokens;
+            self.held_tokens += tokens;
+            self.held.push_back(Held { bytes: Bytes::from(raw), window: self.seq, tokens, pieces });
+            if self.tokens >= self.safety.output.window_tokens || !carried.finished.is_empty() {
+                self.close_window();
+            }
+        }
+    }
+
+    /// Judges the open window (if it holds any text) and opens the next.
+    fn close_window(&mut self) {
+        let seq = self.seq;
+        self.seq += 1;
+        self.tokens = 0;
+        let keep = self.safety.output.overlap_tokens;
+        let mut order = Vec::new();
+        let mut judged = Vec::new();
+        for (&choice, c) in &mut self.choices {
+            if c.pieces.is_empty() {
+                continue;
+            }
+            let front: String = c.overlap.concat();
+            let text = format!("{front}{}", c.pieces.concat());
+            order.push((choice, front.len()));
+            judged.push((text, front.len()));
+            let mut all = std::mem::take(&mut c.overlap);
+            all.append(&mut c.pieces);
+            c.overlap = all.split_off(all.len().saturating_sub(keep));
+            c.len = 0;
+        }
+        if judged.is_empty() {
+            // Nothing to judge: it passes as soon as the windows before it do.
+            self.judging.push_back(Judging {
+                seq,
+                pending: None,
+                decision: Some(Decision::Pass),
+                closed: Instant::now(),
+            });
+            return;
+        }
+        let j = self.safety.output(&self.context, &judged);
+        // Masks the rules asked for, on the pieces still held.
+        for ((choice, new_from), spans) in order.iter().zip(&j.redact) {
+            if !spans.is_empty() {
+                self.mask(seq, *choice, *new_from, spans);
+            }
+        }
+        let decision = if j.now.blocks() || j.pending.is_none() { Some(j.now) } else { None };
+        self.judging.push_back(Judging { seq, pending: j.pending, decision, closed: Instant::now() });
+    }
+
+    /// Masks `spans` (in window text coordinates, the window's own text starting at
+    /// `new_from`) in the held events of window `seq`, choice `choice`.
+    fn mask(&mut self, seq: u64, choice: u32, new_from: usize, spans: &[(usize, usize, String)]) {
+        let mut placed = vec![false; spans.len()];
+        for h in self.held.iter_mut().filter(|h| h.window == seq) {
+            let touched: Vec<(Loc, usize, usize)> = h
+                .pieces
+                .iter()
+                .filter(|p| p.0 == choice)
+                .map(|p| (p.1, p.2 + new_from, p.3 + new_from))
+                .filter(|(_, s, e)| spans.iter().any(|(a, b, _)| a < e && b > s))
+                .collect();
+            if touched.is_empty() {
+                continue;
+            }
+            let Some((head, data)) = split_data(&h.bytes) else { continue };
+            let Ok(mut v) = serde_json::from_str::<Value>(data) else { continue };
+            let current = texts::pieces(&v);
+            for (loc, start, _) in touched {
+                let Some(piece) = current.pieces.iter().find(|p| p.choice == choice && p.loc == loc) else {
+                    continue;
+                };
+                texts::put(&mut v, choice, loc, texts::mask(&piece.text, start, spans, &mut placed));
+            }
+            h.bytes = Bytes::from(format!("{head}data: {v}\n\n"));
+        }
+    }
+
+    /// Takes in the verdicts that are in, in order; true when one blocks.
+    fn settle(&mut self) -> bool {
+        for j in &mut self.judging {
+            if j.decision.is_none() {
+                if let Some(p) = &mut j.pending {
+                    j.decision = p.ready();
+                }
+            }
+        }
+        self.advance()
+    }
+
+    /// Moves `passed` over the decided windows at the front; true on a block.
+    fn advance(&mut self) -> bool {
+        while let Some(front) = self.judging.front() {
+            match &front.decision {
+                Some(Decision::Pass) => {
+                    self.safety.held.observe(front.closed.elapsed().as_secs_f64());
+                    self.passed = front.seq + 1;
+                    self.judging.pop_front();
+                }
+                Some(Decision::Block { .. }) => {
+                    self.blocked = true;
+                    return true;
+                }
+                None => break,
+            }
+        }
+        // A later window may block before an earlier one passes: a block is final.
+        self.blocked |= self.judging.iter().any(|j| j.decision.as_ref().is_some_and(Decision::blocks));
+        self.blocked
+    }
+
+    /// The held events the policy lets go now, joined.
+    fn releasable(&mut self) -> Option<Bytes> {
+        let mut out = BytesMut::new();
+        let lag = self.safety.output.lag_tokens;
+        while let Some(front) = self.held.front() {
+            let go = match self.safety.output.release {
+                Release::Stream => true,
+                Release::AfterCheck => front.window < self.passed,
+                Release::Buffered => front.window < self.passed || self.held_tokens > lag,
+            };
+            if !go {
+                break;
+            }
+            let h = self.held.pop_front().expect("front");
+            self.held_tokens -= h.tokens;
+            out.extend_from_slice(&h.bytes);
+        }
+        (!out.is_empty()).then(|| out.freeze())
+    }
+
+    /// Ends a cut stream: what is held is dropped; the closing chunk and `[DONE]`.
+    async fn write_cut(&mut self) -> pingora::Result<()> {
+        if self.closed {
+            return Ok(());
+        }
+        self.closed = true;
+        self.held.clear();
+        let choices: Vec<u32> = self.choices.keys().copied().collect();
+        let chunk = texts::cut_chunk(self.last_chunk.as_ref(), &choices, self.completion);
+        let out = format!("data: {chunk}\n\ndata: [DONE]\n\n");
+        self.inner.write_response_body(Some(Bytes::from(out)), true).await
+    }
+
+    /// Called once the forwarding is over: a stream stopped by a verdict gets its ending.
+    pub async fn finish(&mut self) -> pingora::Result<()> {
+        if self.blocked && matches!(self.mode, Mode::Stream) {
+            return self.write_cut().await;
+        }
+        Ok(())
+    }
+
+    /// A whole answer, judged: released as it is, masked, or emptied.
+    async fn release_whole(
+        &mut self,
+        mut header: Box<ResponseHeader>,
+        body: BytesMut,
+    ) -> pingora::Result<()> {
+        let Ok(mut v) = serde_json::from_slice::<Value>(&body) else {
+            header.insert_header("x-warmpath-safety", "output=unchecked")?;
+            self.inner.write_response_header(header, false).await?;
+            return self.inner.write_response_body(Some(body.freeze()), true).await;
+        };
+        let pieces = texts::pieces(&v).pieces;
+        let judged: Vec<(String, usize)> = pieces.iter().map(|p| (p.text.clone(), 0)).collect();
+        let mut j = self.safety.output(&self.context, &judged);
+        let decision = match (&j.now, &mut j.pending) {
+            (Decision::Pass, Some(p)) => p.decided().await,
+            (d, _) => d.clone(),
+        };
+        let word = if decision.blocks() {
+            texts::filter_whole(&mut v);
+            "block"
+        } else {
+            for (p, spans) in pieces.iter().zip(&j.redact).filter(|(_, s)| !s.is_empty()) {
+                let mut placed = vec![false; spans.len()];
+                texts::put(&mut v, p.choice, p.loc, texts::mask(&p.text, 0, spans, &mut placed));
+            }
+            "pass"
+        };
+        self.blocked = decision.blocks();
+        let out = if decision.blocks() || j.redact.iter().any(|s| !s.is_empty()) {
+            Bytes::from(v.to_string())
+        } else {
+            body.freeze()
+        };
+        header.remove_header(&http::header::TRANSFER_ENCODING);
+        header.insert_header(http::header::CONTENT_LENGTH, out.len().to_string())?;
+        header.insert_header("x-warmpath-safety", format!("output={word}"))?;
+        self.inner.write_response_header(header, false).await?;
+        self.inner.write_response_body(Some(out), true).await
+    }
+}
+
+/// An event's lines before its data, and its data (one `data:` line).
+fn split_data(raw: &[u8]) -> Option<(String, &str)> {
+    let text = std::str::from_utf8(raw).ok()?;
+    let at = text.find("data:")?;
+    let data = text[at + 5..].trim_start_matches(' ');
+    let end = data.find('\n').unwrap_or(data.len());
+    Some((text[..at].to_owned(), data[..end].trim_end_matches('\r')))
+}
+
+#[async_trait]
+impl Downstream for OutputRelease<'_> {
+    async fn write_response_header(
+        &mut self,
+        mut header: Box<ResponseHeader>,
+        end: bool,
+    ) -> pingora::Result<()> {
+        let ok = header.status.as_u16() == 200 && !end;
+        let json = header
+            .headers
+            .get(http::header::CONTENT_TYPE)
+            .is_some_and(|v| v.as_bytes().starts_with(b"application/json"));
+        if ok && json {
+            self.mode = Mode::Whole(header, BytesMut::new());
+            return Ok(());
+        }
+        if ok && is_sse(&header) {
+            self.mode = Mode::Stream;
+            header.insert_header("x-warmpath-safety", format!("output={}", self.release_word()))?;
+        } else {
+            self.mode = Mode::Through;
+        }
+        self.inner.write_response_header(header, end).await
+    }
+
+    async fn write_response_body(&mut self, body: Option<Bytes>, end: bool) -> pingora::Result<()> {
+        if self.blocked || self.closed {
+            return Err(Self::stopped_error());
+        }
+        match &mut self.mode {
+            Mode::Start | Mode::Through => return self.inner.write_response_body(body, end).await,
+            Mode::Whole(_, buf) => {
+                if let Some(b) = &body {
+                    if buf.len() + b.len() > MAX_WHOLE {
+                        return Err(Error::explain(ErrorType::WriteError, "answer too large to check"));
+                    }
+                    buf.extend_from_slice(b);
+                }
+                if !end {
+                    return Ok(());
+                }
+                let Mode::Whole(header, buf) = std::mem::replace(&mut self.mode, Mode::Through) else {
+                    unreachable!("matched above")
+                };
+                return self.release_whole(header, buf).await;
+            }
+            Mode::Stream => {}
+        }
+        if let Some(b) = &body {
+            self.take_in(b);
+        }
+        if end {
+            // The stream is over: the last window is judged and every verdict awaited.
+            let rest = self.events.take_rest();
+            if !rest.is_empty() {
+                self.held.push_back(Held {
+                    bytes: Bytes::from(rest),
+                    window: self.seq,
+                    tokens: 0,
+                    pieces: Vec::new(),
+                });
+            }
+            self.close_window();
+            for j in &mut self.judging {
+                if let (None, Some(p)) = (&j.decision, &mut j.pending) {
+                    j.decision = Some(p.decided().await);
+                }
+            }
+        }
+        if self.settle() {
+            self.write_cut().await?;
+            return Err(Self::stopped_error());
+        }
+        if let Some(out) = self.releasable() {
+            self.inner.write_response_body(Some(out), false).await?;
+        }
+        if end {
+            self.closed = true;
+            return self.inner.write_response_body(None, true).await;
+        }
+        Ok(())
+    }
+
+    async fn gone(&mut self) {
+        while !self.blocked {
+            let next = self.judging.iter_mut().find(|j| j.decision.is_none() && j.pending.is_some());
+            let Some(j) = next else { break };
+            let p = j.pending.as_mut().expect("pending");
+            tokio::select! {
+                _ = self.inner.gone() => return,
+                d = p.decided() => {
+                    j.decision = Some(d);
+                    self.advance();
+                }
+            }
+        }
+        if self.blocked {
+            return;
+        }
+        self.inner.gone().await
+    }
+
+    fn close_after(&mut self) {
+        self.inner.close_after();
+    }
+
+    fn stopped(&self) -> bool {
+        self.blocked || self.inner.stopped()
+    }
+}
