@@ -332,6 +332,13 @@ fn safety(s: &Path, c: &super::SafetyConfig, own: &str, pools: &[super::PoolConf
             }
         }
         stages(r.key("stages"), &rules.stages)?;
+        let redacts = rules.default_action == super::RuleAction::Redact
+            || rules.actions.values().any(|a| *a == super::RuleAction::Redact);
+        if redacts && rules.stages.contains(&Stage::Output) && c.output.release == super::Release::Stream {
+            return Err(s.key("output").key("release").err(
+                "the rules redact output, but \"stream\" releases text before it is checked: use \"after_check\" or \"buffered\"",
+            ));
+        }
     }
     let o = s.key("output");
     positive(o.key("window_tokens"), c.output.window_tokens as u64)?;

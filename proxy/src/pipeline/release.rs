@@ -47,8 +47,17 @@ struct Held {
     bytes: Bytes,
     window: u64,
     tokens: usize,
-    /// Its text pieces: (choice, place, start and end in its window's text).
+    /// Its text pieces: (choice, place, start and end in the choice's whole text).
     pieces: Vec<(u32, Loc, usize, usize)>,
+}
+
+/// A span of a choice's text to mask (in the choice's whole text), and whether its label is
+/// out yet.
+struct Mask {
+    start: usize,
+    end: usize,
+    label: String,
+    placed: bool,
 }
 
 /// A closed window's judgement.
@@ -59,12 +68,14 @@ struct Judging {
     closed: Instant,
 }
 
-/// One choice's text in the open window.
+/// One choice's text in the open window, each piece with where it starts in the choice's
+/// whole text.
 #[derive(Default)]
 struct ChoiceText {
     /// Pieces of the previous window checked again in front of this one's.
-    overlap: Vec<String>,
-    pieces: Vec<String>,
+    overlap: Vec<(usize, String)>,
+    pieces: Vec<(usize, String)>,
+    /// Length of the choice's whole text so far.
     len: usize,
 }
 
@@ -81,6 +92,8 @@ pub(super) struct OutputRelease<'d> {
     seq: u64,
     tokens: usize,
     choices: BTreeMap<u32, ChoiceText>,
+    /// Spans to mask, per choice, as events are released.
+    masks: BTreeMap<u32, Vec<Mask>>,
     judging: VecDeque<Judging>,
     /// Every window below this one passed.
     passed: u64,
@@ -109,6 +122,7 @@ impl<'d> OutputRelease<'d> {
             seq: 0,
             tokens: 0,
             choices: BTreeMap::new(),
+            masks: BTreeMap::new(),
             judging: VecDeque::new(),
             passed: 0,
             blocked: false,
@@ -141,7 +155,7 @@ impl<'d> OutputRelease<'d> {
                 let c = self.choices.entry(p.choice).or_default();
                 let start = c.len;
                 c.len += p.text.len();
-                c.pieces.push(p.text);
+                c.pieces.push((start, p.text));
                 pieces.push((p.choice, p.loc, start, c.len));
             }
             if value.as_ref().is_some_and(|v| v.get("choices").is_some()) {
@@ -152,13 +166,16 @@ impl<'d> OutputRelease<'d> {
             self.held_tokens += tokens;
             self.held.push_back(Held { bytes: Bytes::from(raw), window: self.seq, tokens, pieces });
             if self.tokens >= self.safety.output.window_tokens || !carried.finished.is_empty() {
-                self.close_window();
+                self.close_window(false);
             }
         }
     }
 
-    /// Judges the open window (if it holds any text) and opens the next.
-    fn close_window(&mut self) {
+    /// Judges the open window (if it holds any text) and opens the next. Under `after_check`,
+    /// but for the `last` window, its last `overlap_tokens` stay held with the next window: they are judged
+    /// again there with what follows them, so a finding split between the two is caught
+    /// (blocked or masked) before any of it goes out.
+    fn close_window(&mut self, last: bool) {
         let seq = self.seq;
         self.seq += 1;
         self.tokens = 0;
@@ -169,17 +186,20 @@ impl<'d> OutputRelease<'d> {
             if c.pieces.is_empty() {
                 continue;
             }
-            let front: String = c.overlap.concat();
-            let text = format!("{front}{}", c.pieces.concat());
-            order.push((choice, front.len()));
+            let origin = c.overlap.first().or(c.pieces.first()).map_or(0, |p| p.0);
+            let front: String = c.overlap.iter().map(|p| p.1.as_str()).collect();
+            let text: String = front.clone() + &c.pieces.iter().map(|p| p.1.as_str()).collect::<String>();
+            order.push((choice, origin));
             judged.push((text, front.len()));
             let mut all = std::mem::take(&mut c.overlap);
             all.append(&mut c.pieces);
             c.overlap = all.split_off(all.len().saturating_sub(keep));
-            c.len = 0;
+        }
+        if self.safety.output.release == Release::AfterCheck && !last {
+            self.hold_overlap(seq, keep);
         }
         if judged.is_empty() {
-            // Nothing to judge: it passes as soon as the windows before it do.
+            // Nothing new to judge: it passes as soon as the windows before it do.
             self.judging.push_back(Judging {
                 seq,
                 pending: None,
@@ -189,42 +209,62 @@ impl<'d> OutputRelease<'d> {
             return;
         }
         let j = self.safety.output(&self.context, &judged);
-        // Masks the rules asked for, on the pieces still held.
-        for ((choice, new_from), spans) in order.iter().zip(&j.redact) {
-            if !spans.is_empty() {
-                self.mask(seq, *choice, *new_from, spans);
+        for ((choice, origin), spans) in order.iter().zip(&j.redact) {
+            let masks = self.masks.entry(*choice).or_default();
+            for (a, b, label) in spans {
+                let (start, end) = (origin + a, origin + b);
+                if !masks.iter().any(|m| m.start == start && m.end == end) {
+                    masks.push(Mask { start, end, label: label.clone(), placed: false });
+                }
             }
+            masks.sort_by_key(|m| m.start);
         }
         let decision = if j.now.blocks() || j.pending.is_none() { Some(j.now) } else { None };
         self.judging.push_back(Judging { seq, pending: j.pending, decision, closed: Instant::now() });
     }
 
-    /// Masks `spans` (in window text coordinates, the window's own text starting at
-    /// `new_from`) in the held events of window `seq`, choice `choice`.
-    fn mask(&mut self, seq: u64, choice: u32, new_from: usize, spans: &[(usize, usize, String)]) {
-        let mut placed = vec![false; spans.len()];
-        for h in self.held.iter_mut().filter(|h| h.window == seq) {
-            let touched: Vec<(Loc, usize, usize)> = h
-                .pieces
-                .iter()
-                .filter(|p| p.0 == choice)
-                .map(|p| (p.1, p.2 + new_from, p.3 + new_from))
-                .filter(|(_, s, e)| spans.iter().any(|(a, b, _)| a < e && b > s))
-                .collect();
-            if touched.is_empty() {
-                continue;
+    /// Moves the last `keep` token events of window `seq` (and what follows them) to the next
+    /// window.
+    fn hold_overlap(&mut self, seq: u64, keep: usize) {
+        let mut counted = 0;
+        let mut from = self.held.len();
+        for (i, h) in self.held.iter().enumerate().rev() {
+            if h.window != seq || counted == keep {
+                break;
             }
-            let Some((head, data)) = split_data(&h.bytes) else { continue };
-            let Ok(mut v) = serde_json::from_str::<Value>(data) else { continue };
-            let current = texts::pieces(&v);
-            for (loc, start, _) in touched {
-                let Some(piece) = current.pieces.iter().find(|p| p.choice == choice && p.loc == loc) else {
-                    continue;
-                };
-                texts::put(&mut v, choice, loc, texts::mask(&piece.text, start, spans, &mut placed));
-            }
-            h.bytes = Bytes::from(format!("{head}data: {v}\n\n"));
+            counted += h.tokens;
+            from = i;
         }
+        for h in self.held.iter_mut().skip(from) {
+            h.window = seq + 1;
+        }
+    }
+
+    /// An event as it goes out: its pieces masked where spans touch them.
+    fn masked(&mut self, h: Held) -> Bytes {
+        let touches = |p: &(u32, Loc, usize, usize), m: &Mask| m.start < p.3 && m.end > p.2;
+        let hit =
+            h.pieces.iter().any(|p| self.masks.get(&p.0).is_some_and(|ms| ms.iter().any(|m| touches(p, m))));
+        if !hit {
+            return h.bytes;
+        }
+        let Some((head, data)) = split_data(&h.bytes) else { return h.bytes };
+        let Ok(mut v) = serde_json::from_str::<Value>(data) else { return h.bytes };
+        let current = texts::pieces(&v);
+        for p in &h.pieces {
+            let Some(masks) = self.masks.get_mut(&p.0) else { continue };
+            let Some(piece) = current.pieces.iter().find(|c| c.choice == p.0 && c.loc == p.1) else {
+                continue;
+            };
+            let spans: Vec<(usize, usize, String)> =
+                masks.iter().map(|m| (m.start, m.end, m.label.clone())).collect();
+            let mut placed: Vec<bool> = masks.iter().map(|m| m.placed).collect();
+            texts::put(&mut v, p.0, p.1, texts::mask(&piece.text, p.2, &spans, &mut placed));
+            for (m, now) in masks.iter_mut().zip(placed) {
+                m.placed = now;
+            }
+        }
+        Bytes::from(format!("{head}data: {v}\n\n"))
     }
 
     /// Takes in the verdicts that are in, in order; true when one blocks.
@@ -275,7 +315,8 @@ impl<'d> OutputRelease<'d> {
             }
             let h = self.held.pop_front().expect("front");
             self.held_tokens -= h.tokens;
-            out.extend_from_slice(&h.bytes);
+            let bytes = self.masked(h);
+            out.extend_from_slice(&bytes);
         }
         (!out.is_empty()).then(|| out.freeze())
     }
@@ -414,7 +455,7 @@ impl Downstream for OutputRelease<'_> {
                     pieces: Vec::new(),
                 });
             }
-            self.close_window();
+            self.close_window(true);
             for j in &mut self.judging {
                 if let (None, Some(p)) = (&j.decision, &mut j.pending) {
                     j.decision = Some(p.decided().await);

@@ -77,7 +77,8 @@ pub struct Input {
 /// One output window's judgement: the rules' now, the remote checks' to come.
 pub struct Judged {
     pub now: Decision,
-    /// Per text judged: its redacted spans (byte ranges of the text), where the rules redact.
+    /// Per text judged: the spans to mask (byte ranges of the text, overlap included), where the
+    /// rules redact.
     pub redact: Vec<Vec<(usize, usize, String)>>,
     pub pending: Option<Pending>,
 }
@@ -182,8 +183,8 @@ impl Safety {
     }
 
     /// Judges one window of the answer: `texts` per choice, each `(text, new_from)` where the
-    /// bytes before `new_from` are the overlap with the previous window (already judged: their
-    /// findings are not counted again, and a span there is masked only where it reaches past).
+    /// bytes before `new_from` are the overlap with the previous window (already judged: a
+    /// finding wholly inside it is not counted again).
     pub fn output(&self, context: &Arc<Vec<Turn>>, texts: &[(String, usize)]) -> Judged {
         let mut out = Judged { now: Decision::Pass, redact: vec![Vec::new(); texts.len()], pending: None };
         if let Some(r) = &self.rules {
@@ -198,7 +199,7 @@ impl Safety {
                         match r.rules.action(&f.category) {
                             Action::Block => blocked = blocked.or(Some(f.category.clone())),
                             Action::Redact if !r.audit => {
-                                out.redact[i].push((f.start.max(*new_from), f.end, f.category.to_uppercase()))
+                                out.redact[i].push((f.start, f.end, f.category.to_uppercase()))
                             }
                             _ => {}
                         }

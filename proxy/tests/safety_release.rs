@@ -1,0 +1,263 @@
+//! Output checks and the release policies, against a real engine made to say given things
+//! (`--script`): what a client sees of an answer that a check cuts before its first token,
+//! mid-stream and after its last, under `after_check`, `stream` and `buffered`; whole answers;
+//! redaction of streamed text; Responses over HTTP and WebSocket ending `incomplete`.
+
+use std::time::Duration;
+
+use serde_json::{json, Value};
+use warmpath_tests::*;
+
+/// What the scripted engine says, by what the prompt holds.
+fn script(dir: &std::path::Path) -> String {
+    let path = dir.join("script.json");
+    let tail = "and the valley below stayed quiet through the long night while the river ran on and on past \
+                the old mill and the sleeping town until morning came at last over the hills omega";
+    let rules = json!([
+        {"when": "", "reply": "The weather is mild today and the sky is clear over the hills."},
+        {"when": "falcon story", "reply": format!("Once upon a time there was a plan. It was called Project Falcon and it was secret, {tail}")},
+        {"when": "falcon first", "reply": format!("Project Falcon begins here, {tail}")},
+        {"when": "falcon last", "reply": "A short story about nothing at all ends with Project Falcon"},
+        {"when": "mail me", "reply": "Write to ann@corp.io for details and have a good day."},
+        {"when": "attack story", "reply": format!("Once upon a time there was a castle. Then came the attack on the castle, {tail}")},
+        {"when": "weather?", "reply": "The weather is mild today and the sky is clear over the hills."},
+    ]);
+    std::fs::write(&path, rules.to_string()).expect("script");
+    path.display().to_string()
+}
+
+const RULES: &str = r#"
+[pools.safety.rules]
+detect = ["email"]
+stages = ["output"]
+[pools.safety.rules.deny]
+falcon = '(?i)project\s+falcon'
+[pools.safety.rules.actions]
+falcon = "block"
+email = "redact"
+"#;
+
+fn output(release: &str, extra: &str) -> String {
+    // Text released before its check cannot be masked: `stream` only logs addresses.
+    let rules = if release == "stream" {
+        RULES.replace("email = \"redact\"", "email = \"log\"")
+    } else {
+        RULES.to_owned()
+    };
+    format!("{rules}\n[pools.safety.output]\nrelease = {release:?}\nwindow_tokens = 4\noverlap_tokens = 3\n{extra}")
+}
+
+struct Setup {
+    _dir: TempDir,
+    engine: Engine,
+    proxy: Proxy,
+}
+
+fn setup(pool_extra: &str, engine_extra: &[&str]) -> Setup {
+    let dir = TempDir::new();
+    let script = script(dir.path());
+    let mut args = vec!["--script", script.as_str()];
+    args.extend_from_slice(engine_extra);
+    let engine = Engine::sim("m", &args);
+    let proxy = Proxy::start(&policy("", pool_extra, &["m"], &[("e", engine.url())]));
+    Setup { _dir: dir, engine, proxy }
+}
+
+/// A streamed chat's text, its finish reason, and whether `[DONE]` ended it.
+fn stream(proxy: &Proxy, prompt: &str) -> (String, Option<String>, bool, Resp) {
+    let mut body = chat("m", prompt, 200);
+    body["stream"] = json!(true);
+    let r = post_json(proxy.addr, "/v1/chat/completions", &body);
+    assert_eq!(r.status, 200, "{}", r.text());
+    let (data, _) = sse(&r.text());
+    let mut text = String::new();
+    let mut finish = None;
+    for d in &data {
+        let Ok(v) = serde_json::from_str::<Value>(d) else { continue };
+        if let Some(t) = v["choices"][0]["delta"]["content"].as_str() {
+            text.push_str(t);
+        }
+        if let Some(f) = v["choices"][0]["finish_reason"].as_str() {
+            finish = Some(f.to_owned());
+        }
+    }
+    let done = data.last().map(String::as_str) == Some("[DONE]");
+    (text, finish, done, r)
+}
+
+#[test]
+fn after_check_never_releases_a_blocked_window() {
+    let s = setup(&output("after_check", ""), &[]);
+    // Mid-stream: the text before the window is out, nothing from it on.
+    let (text, finish, done, r) = stream(&s.proxy, "tell the falcon story");
+    assert_eq!(r.header("x-warmpath-safety"), Some("rules; input=pass; output=after_check"));
+    assert_eq!(finish.as_deref(), Some("content_filter"), "{}", r.text());
+    assert!(done, "[DONE] ends the cut stream");
+    assert!(text.starts_with("Once upon a time"), "{text:?}");
+    assert!(!text.contains("Falcon") && !text.contains("omega"), "{text:?}");
+    // Before the first token: nothing at all.
+    let (text, finish, done, _) = stream(&s.proxy, "falcon first please");
+    assert_eq!((text.as_str(), finish.as_deref(), done), ("", Some("content_filter"), true));
+    // At the very end: everything before the last window, then the cut.
+    let (text, finish, _, _) = stream(&s.proxy, "the falcon last one");
+    assert_eq!(finish.as_deref(), Some("content_filter"));
+    assert!(text.starts_with("A short story") && !text.contains("Falcon"), "{text:?}");
+    // A clean answer is untouched.
+    let (text, finish, _, _) = stream(&s.proxy, "weather?");
+    assert_eq!(
+        (text.as_str(), finish.as_deref()),
+        ("The weather is mild today and the sky is clear over the hills.", Some("stop"))
+    );
+    // The cut stopped the engine's generation (its KV freed) rather than letting it run on.
+    let running = || metric(&s.engine.metrics(), "vllm:num_requests_running");
+    assert!(eventually(Duration::from_secs(5), || running() == Some(0.0)));
+    assert_eq!(metric(&s.engine.metrics(), "vllm:kv_cache_usage_perc"), Some(0.0));
+    let m = s.proxy.metrics();
+    let blocks = r#"warmpath_safety_checks_total{check="rules",pool="main",stage="output",verdict="block"}"#;
+    assert_eq!(metric(&m, blocks), Some(3.0), "{m}");
+    assert!(metric(&m, "warmpath_safety_output_held_seconds_count").unwrap_or(0.0) > 0.0, "{m}");
+    assert_eq!(
+        metric(&m, "warmpath_client_disconnects_total").unwrap_or(0.0),
+        0.0,
+        "a cut is not a disconnect"
+    );
+}
+
+#[test]
+fn a_cut_stream_stops_the_engine_mid_generation() {
+    // Slow tokens: the cut comes while the engine still has most of the answer to generate.
+    let s = setup(&output("after_check", ""), &["--sim-itl-ms", "30"]);
+    let (_, finish, _, _) = stream(&s.proxy, "tell the falcon story");
+    assert_eq!(finish.as_deref(), Some("content_filter"));
+    let generated = || metric(&s.engine.metrics(), "vllm:generation_tokens_total").unwrap_or(0.0);
+    assert!(eventually(Duration::from_secs(5), || metric(&s.engine.metrics(), "vllm:num_requests_running")
+        == Some(0.0)));
+    let after = generated();
+    std::thread::sleep(Duration::from_millis(300));
+    assert_eq!(generated(), after, "nothing generated after the cut");
+    assert!(after < 50.0, "the engine stopped well before the answer's ~60 tokens: {after}");
+}
+
+#[test]
+fn whole_answers_are_judged_before_any_of_it_goes_out() {
+    let s = setup(&output("after_check", ""), &[]);
+    let r = post_json(s.proxy.addr, "/v1/chat/completions", &chat("m", "tell the falcon story", 200));
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert_eq!(r.header("x-warmpath-safety"), Some("rules; input=pass; output=block"));
+    let v = r.json();
+    assert_eq!(v["choices"][0]["finish_reason"], "content_filter", "{v}");
+    assert_eq!(v["choices"][0]["message"]["content"], "");
+    assert!(v["usage"]["completion_tokens"].as_u64().unwrap_or(0) > 0, "usage kept: {v}");
+    // Redacted in place.
+    let r = post_json(s.proxy.addr, "/v1/chat/completions", &chat("m", "mail me", 200));
+    assert_eq!(
+        r.json()["choices"][0]["message"]["content"],
+        "Write to [EMAIL] for details and have a good day."
+    );
+    // Completions, too.
+    let r = post_json(
+        s.proxy.addr,
+        "/v1/completions",
+        &json!({"model": "m", "prompt": "the falcon last one", "max_tokens": 100}),
+    );
+    let v = r.json();
+    assert_eq!(
+        (v["choices"][0]["text"].as_str(), v["choices"][0]["finish_reason"].as_str()),
+        (Some(""), Some("content_filter")),
+        "{v}"
+    );
+}
+
+#[test]
+fn streamed_redaction_masks_a_span_split_over_tokens() {
+    let s = setup(&output("after_check", ""), &[]);
+    let (text, finish, _, _) = stream(&s.proxy, "mail me");
+    assert_eq!(text, "Write to [EMAIL] for details and have a good day.");
+    assert_eq!(finish.as_deref(), Some("stop"));
+}
+
+#[test]
+fn stream_releases_at_once_and_cuts_where_the_verdict_lands() {
+    let s = setup(&output("stream", ""), &[]);
+    let (text, finish, done, _) = stream(&s.proxy, "tell the falcon story");
+    // The window holding the finding went out before its verdict; nothing after it did.
+    assert!(text.contains("Project Falcon"), "{text:?}");
+    assert!(!text.contains("omega"), "{text:?}");
+    assert_eq!((finish.as_deref(), done), (Some("content_filter"), true));
+}
+
+/// A moderation service that takes longer than a few tokens: where the policies differ.
+fn slow_moderation(release: &str, extra: &str) -> (ModerationServer, Setup) {
+    let m = ModerationServer::start(Behaviour::Answer { delay_ms: 150 });
+    let pool = format!(
+        "[pools.safety.moderation]\nurl = \"{}\"\nstages = [\"output\"]\n[pools.safety.output]\nrelease = {release:?}\nwindow_tokens = 4\noverlap_tokens = 2\n{extra}",
+        m.url()
+    );
+    (m, setup(&pool, &["--sim-itl-ms", "10"]))
+}
+
+#[test]
+fn with_a_slow_check_after_check_and_buffered_hold_and_stream_does_not() {
+    let (_m, s) = slow_moderation("after_check", "");
+    let (text, finish, _, _) = stream(&s.proxy, "the attack story");
+    assert_eq!(finish.as_deref(), Some("content_filter"));
+    assert!(text.starts_with("Once upon") && !text.contains("attack"), "{text:?}");
+    let (text, finish, _, _) = stream(&s.proxy, "weather?");
+    assert_eq!(
+        (text.as_str(), finish.as_deref()),
+        ("The weather is mild today and the sky is clear over the hills.", Some("stop"))
+    );
+
+    // Buffered with a lag longer than the check: the verdict stops the text unseen.
+    let (_m, s) = slow_moderation("buffered", "lag_tokens = 40");
+    let (text, finish, _, _) = stream(&s.proxy, "the attack story");
+    assert_eq!(finish.as_deref(), Some("content_filter"));
+    assert!(!text.contains("attack"), "{text:?}");
+
+    // Stream: the text is out before the verdict.
+    let (_m, s) = slow_moderation("stream", "");
+    let (text, finish, _, _) = stream(&s.proxy, "the attack story");
+    assert_eq!(finish.as_deref(), Some("content_filter"));
+    assert!(text.contains("attack"), "{text:?}");
+    assert!(!text.contains("omega"), "cut before the end: {text:?}");
+}
+
+#[test]
+fn responses_end_incomplete_over_http_and_websocket_and_the_socket_stays_open() {
+    let s = setup(&output("after_check", ""), &[]);
+    let r =
+        post_json(s.proxy.addr, "/v1/responses", &json!({"model": "m", "input": "tell the falcon story"}));
+    assert_eq!(r.status, 200, "{}", r.text());
+    let v = r.json();
+    assert_eq!(
+        (v["status"].as_str(), v["incomplete_details"]["reason"].as_str()),
+        (Some("incomplete"), Some("content_filter")),
+        "{v}"
+    );
+    let said = v["output"][0]["content"][0]["text"].as_str().unwrap_or("").to_owned();
+    assert!(said.starts_with("Once upon") && !said.contains("Falcon"), "{v}");
+    // What was released is what the conversation holds: the next turn continues from it.
+    let next = post_json(
+        s.proxy.addr,
+        "/v1/responses",
+        &json!({"model": "m", "input": "weather?", "previous_response_id": v["id"]}),
+    );
+    assert_eq!(next.json()["status"], "completed", "{}", next.text());
+
+    let mut ws = Ws::connect(s.proxy.addr, &[]);
+    ws.send_json(&json!({"type": "response.create", "model": "m", "input": "tell the falcon story"}));
+    let events = ws.turn();
+    let last = events.last().expect("events");
+    assert_eq!(last["type"], "response.incomplete", "{events:?}");
+    assert_eq!(last["response"]["incomplete_details"]["reason"], "content_filter");
+    let deltas: String = events
+        .iter()
+        .filter(|e| e["type"] == "response.output_text.delta")
+        .filter_map(|e| e["delta"].as_str())
+        .collect();
+    assert!(!deltas.contains("Falcon"), "{deltas:?}");
+    // The connection goes on.
+    ws.send_json(&json!({"type": "response.create", "model": "m", "input": "weather?", "previous_response_id": last["response"]["id"]}));
+    let events = ws.turn();
+    assert_eq!(events.last().expect("events")["type"], "response.completed", "{events:?}");
+}
