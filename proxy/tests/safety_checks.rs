@@ -210,3 +210,69 @@ url = "{}"
         "the guard prompt went to the guard pool"
     );
 }
+
+#[test]
+fn a_growing_conversation_is_judged_on_its_new_turns_only() {
+    let m = ModerationServer::start(Behaviour::Answer { delay_ms: 0 });
+    let e = Engine::sim("m", &[]);
+    let proxy = Proxy::start(&policy("", &moderated(&m.url(), ""), &["m"], &[("e", e.url())]));
+    // Chat Completions: the client sends the whole history every time.
+    let mut messages = vec![json!({"role": "system", "content": "You are terse."})];
+    let mut last_answer = String::new();
+    for (i, q) in ["first question", "second question", "third question"].iter().enumerate() {
+        messages.push(json!({"role": "user", "content": q}));
+        let r = post_json(
+            proxy.addr,
+            "/v1/chat/completions",
+            &json!({"model": "m", "messages": messages, "max_tokens": 4}),
+        );
+        assert_eq!(r.status, 200, "{}", r.text());
+        let answer = r.json()["choices"][0]["message"]["content"].as_str().expect("text").to_owned();
+        messages.push(json!({"role": "assistant", "content": answer}));
+        let inputs = m.inputs.lock().expect("lock").clone();
+        let sent = &inputs[i];
+        // The first turn judges the system prompt too; later ones the new question and the
+        // answer before it (this check runs on input only, so the answer is judged once, when
+        // it comes back as history) — never the turns judged before.
+        let want: Vec<&str> = if i == 0 { vec!["You are terse.", q] } else { vec![&last_answer, q] };
+        assert_eq!(sent, &want, "turn {i}: {inputs:?}");
+        last_answer = answer;
+    }
+    // A flagged turn late in a long conversation is still caught.
+    messages.push(json!({"role": "user", "content": "now an attack"}));
+    let r = post_json(
+        proxy.addr,
+        "/v1/chat/completions",
+        &json!({"model": "m", "messages": messages, "max_tokens": 4}),
+    );
+    assert_eq!(r.status, 400, "{}", r.text());
+
+    // Responses over one WebSocket: each turn sends only its new item; the check sees only it.
+    let before = m.calls();
+    let mut ws = Ws::connect(proxy.addr, &[]);
+    let mut previous = serde_json::Value::Null;
+    for q in ["ws one", "ws two", "ws three"] {
+        ws.send_json(&json!({"type": "response.create", "model": "m", "input": q, "max_output_tokens": 4,
+                             "instructions": "Be brief.", "previous_response_id": previous}));
+        let events = ws.turn();
+        let last = events.last().expect("events");
+        // Four tokens end it `incomplete` (max_output_tokens), still a stored turn.
+        assert_eq!(last["type"], "response.incomplete", "{events:?}");
+        previous = last["response"]["id"].clone();
+    }
+    let inputs = m.inputs.lock().expect("lock").clone();
+    let ws_inputs: Vec<Vec<String>> = inputs[before as usize..].to_vec();
+    // A Responses turn's history is known to the proxy: only the new items are judged.
+    assert_eq!(ws_inputs, [vec!["Be brief.", "ws one"], vec!["ws two"], vec!["ws three"]], "{ws_inputs:?}");
+    // And a flagged item on a later turn of the socket is refused; the socket stays open.
+    ws.send_json(&json!({"type": "response.create", "model": "m", "input": "an attack", "previous_response_id": previous}));
+    let events = ws.turn();
+    let last = events.last().expect("events");
+    assert_eq!(last["type"], "error", "{events:?}");
+    assert_eq!(last["error"]["code"], "content_policy_violation", "{last}");
+    ws.send_json(&json!({"type": "response.create", "model": "m", "input": "ws four", "previous_response_id": previous, "max_output_tokens": 4}));
+    assert_eq!(ws.turn().last().expect("events")["type"], "response.incomplete");
+    let pm = proxy.metrics();
+    let known = r#"warmpath_safety_turns_total{outcome="known",pool="main",stage="input"}"#;
+    assert!(count(&pm, known) >= 6.0, "{pm}");
+}

@@ -261,3 +261,33 @@ fn responses_end_incomplete_over_http_and_websocket_and_the_socket_stays_open() 
     let events = ws.turn();
     assert_eq!(events.last().expect("events")["type"], "response.completed", "{events:?}");
 }
+
+#[test]
+fn a_cached_answer_is_released_only_through_the_checks() {
+    let s = setup(
+        &format!("{}\n[pools.response_cache]\nenabled = true\nttl_s = 60\n", output("after_check", "")),
+        &[],
+    );
+    let mut body = chat("m", "tell the falcon story", 200);
+    body["temperature"] = json!(0);
+    for (round, cache) in [(0, "miss"), (1, "hit")] {
+        let r = post_json(s.proxy.addr, "/v1/chat/completions", &body);
+        assert_eq!(r.header("x-warmpath-cache"), Some(cache), "round {round}");
+        // The backend's answer is what the cache keeps; what the client gets is judged each time.
+        assert_eq!(r.json()["choices"][0]["finish_reason"], "content_filter", "round {round}: {}", r.text());
+        assert_eq!(r.json()["choices"][0]["message"]["content"], "");
+        let entries = || metric(&s.proxy.metrics(), "warmpath_response_cache_entries{pool=\"main\"}");
+        assert!(eventually(Duration::from_secs(5), || entries() == Some(1.0)), "stored");
+    }
+    // A stream cut short is never complete, so never kept.
+    body["stream"] = json!(true);
+    for _ in 0..2 {
+        let r = post_json(s.proxy.addr, "/v1/chat/completions", &body);
+        assert_eq!(r.header("x-warmpath-cache"), Some("miss"));
+        assert!(
+            r.text().contains("\"finish_reason\":\"content_filter\"") && !r.text().contains("Falcon"),
+            "{}",
+            r.text()
+        );
+    }
+}

@@ -64,6 +64,8 @@ pub struct Metrics {
     pub safety_check_seconds: HistogramVec,
     /// Safety checks that failed or ran out of time, by pool, check, stage and kind.
     pub safety_check_errors: IntCounterVec,
+    /// Turns the input checks judged or knew had passed; answers remembered as passed.
+    pub safety_turns: IntCounterVec,
     /// Time a window of output was held waiting for its verdict, by pool and release policy.
     pub safety_output_held_seconds: HistogramVec,
     /// Clients that went away before their response was complete.
@@ -408,6 +410,11 @@ impl Metrics {
                 "warmpath_safety_check_errors_total",
                 "Safety checks that failed (kind error) or ran out of time (kind timeout); on_error decided.",
                 &["pool", "check", "stage", "kind"],
+            ),
+            safety_turns: counter(
+                "warmpath_safety_turns_total",
+                "Conversation turns by stage: judged by the checks (checked), or known to have passed before (known).",
+                &["pool", "stage", "outcome"],
             ),
             safety_output_held_seconds: with_buckets(
                 "warmpath_safety_output_held_seconds",

@@ -107,7 +107,7 @@ async fn admitted(
         return stages(state, pool, down, ctx, parsed, body, head).await;
     };
     let refused = Refused::of(&parsed);
-    let mut input = safety.input(&parsed, body);
+    let mut input = safety.input(&parsed, body, head.texts.as_deref());
     if let Some(d) = input.refused.take() {
         return refuse(state, down, ctx, safety, &refused, &d).await;
     }

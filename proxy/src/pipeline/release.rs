@@ -94,6 +94,10 @@ pub(super) struct OutputRelease<'d> {
     choices: BTreeMap<u32, ChoiceText>,
     /// Spans to mask, per choice, as events are released.
     masks: BTreeMap<u32, Vec<Mask>>,
+    /// Per choice, the text released (remembered as passed once the answer is).
+    released: BTreeMap<u32, String>,
+    /// A window passed only because a check failed open: the answer is not remembered.
+    unsure: bool,
     judging: VecDeque<Judging>,
     /// Every window below this one passed.
     passed: u64,
@@ -123,6 +127,8 @@ impl<'d> OutputRelease<'d> {
             tokens: 0,
             choices: BTreeMap::new(),
             masks: BTreeMap::new(),
+            released: BTreeMap::new(),
+            unsure: false,
             judging: VecDeque::new(),
             passed: 0,
             blocked: false,
@@ -264,7 +270,18 @@ impl<'d> OutputRelease<'d> {
                 m.placed = now;
             }
         }
-        Bytes::from(format!("{head}data: {v}\n\n"))
+        let out = Bytes::from(format!("{head}data: {v}\n\n"));
+        self.note_released(&out);
+        out
+    }
+
+    /// Adds an event's text (as it goes out) to what the client has of each choice.
+    fn note_released(&mut self, event: &[u8]) {
+        let Some((_, data)) = split_data(event) else { return };
+        let Ok(v) = serde_json::from_str::<Value>(data) else { return };
+        for p in texts::pieces(&v).pieces.into_iter().filter(|p| matches!(p.loc, Loc::Content | Loc::Text)) {
+            self.released.entry(p.choice).or_default().push_str(&p.text);
+        }
     }
 
     /// Takes in the verdicts that are in, in order; true when one blocks.
@@ -284,6 +301,7 @@ impl<'d> OutputRelease<'d> {
         while let Some(front) = self.judging.front() {
             match &front.decision {
                 Some(Decision::Pass) => {
+                    self.unsure |= front.pending.as_ref().is_some_and(|p| !p.is_verdict());
                     self.safety.held.observe(front.closed.elapsed().as_secs_f64());
                     self.passed = front.seq + 1;
                     self.judging.pop_front();
@@ -360,6 +378,7 @@ impl<'d> OutputRelease<'d> {
             (Decision::Pass, Some(p)) => p.decided().await,
             (d, _) => d.clone(),
         };
+        let unsure = j.pending.as_ref().is_some_and(|p| !p.is_verdict());
         let word = if decision.blocks() {
             texts::filter_whole(&mut v);
             "block"
@@ -367,6 +386,15 @@ impl<'d> OutputRelease<'d> {
             for (p, spans) in pieces.iter().zip(&j.redact).filter(|(_, s)| !s.is_empty()) {
                 let mut placed = vec![false; spans.len()];
                 texts::put(&mut v, p.choice, p.loc, texts::mask(&p.text, 0, spans, &mut placed));
+            }
+            let mut per_choice: BTreeMap<u32, String> = BTreeMap::new();
+            for p in
+                texts::pieces(&v).pieces.into_iter().filter(|p| matches!(p.loc, Loc::Content | Loc::Text))
+            {
+                per_choice.entry(p.choice).or_default().push_str(&p.text);
+            }
+            if !unsure {
+                self.safety.passed_output(&per_choice.into_values().collect::<Vec<_>>());
             }
             "pass"
         };
@@ -471,6 +499,10 @@ impl Downstream for OutputRelease<'_> {
         }
         if end {
             self.closed = true;
+            let texts: Vec<String> = std::mem::take(&mut self.released).into_values().collect();
+            if !self.unsure {
+                self.safety.passed_output(&texts);
+            }
             return self.inner.write_response_body(None, true).await;
         }
         Ok(())

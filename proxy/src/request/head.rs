@@ -2,6 +2,8 @@
 //! (hop-by-hop ones dropped), the session key, cache directives and credentials; and the
 //! upstream request header built from it for each backend.
 
+use std::sync::Arc;
+
 use http::header::{self, HeaderName};
 use pingora::http::RequestHeader;
 
@@ -18,6 +20,22 @@ fn skip_request_header(name: &HeaderName) -> bool {
         || matches!(n, "host" | "content-length" | "expect" | "proxy-authorization")
 }
 
+/// One turn of a conversation as checks read it: its role and its text.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Turn {
+    /// `user`, `assistant`, `system`, `tool`.
+    pub role: String,
+    pub text: String,
+}
+
+/// A conversation's texts as a caller that keeps the conversation knows them: the turns
+/// judged in earlier requests (`context`, the most recent ones) and this request's new ones.
+#[derive(Debug, Clone, Default)]
+pub struct TurnTexts {
+    pub context: Vec<Turn>,
+    pub new: Vec<Turn>,
+}
+
 /// What one request's forwarding reads of the client's request head.
 pub struct Head {
     pub template: RequestTemplate,
@@ -25,6 +43,9 @@ pub struct Head {
     pub session_id: Option<String>,
     pub cache_control: CacheDirectives,
     authorization: Option<Vec<u8>>,
+    /// The conversation's texts, where the caller knows which are new (a Responses turn): the
+    /// input checks read these instead of the body.
+    pub texts: Option<Arc<TurnTexts>>,
 }
 
 impl Head {
@@ -35,6 +56,7 @@ impl Head {
             session_id: header("x-session-id").and_then(|v| std::str::from_utf8(v).ok()).map(str::to_owned),
             cache_control: CacheDirectives::parse(header(header::CACHE_CONTROL.as_str())),
             authorization: header(header::AUTHORIZATION.as_str()).map(<[u8]>::to_vec),
+            texts: None,
         }
     }
 
@@ -53,10 +75,17 @@ impl Head {
             session_id: self.session_id.clone(),
             cache_control: self.cache_control,
             authorization: self.authorization.clone(),
+            texts: self.texts.clone(),
         }
     }
 
     /// Routes by this session key (where the client gave none of its own).
+    /// The conversation's texts, split into those checked before and the new ones.
+    pub fn with_texts(mut self, texts: TurnTexts) -> Head {
+        self.texts = Some(Arc::new(texts));
+        self
+    }
+
     pub fn with_session(mut self, key: Option<String>) -> Head {
         if self.session_id.is_none() {
             self.session_id = key;

@@ -16,10 +16,14 @@ use super::translate::{EventSink, Translator};
 use crate::canon::Canon;
 use crate::pipeline;
 use crate::pipeline::respond::send_error;
-use crate::request::head::Head;
+use crate::request::head::{Head, TurnTexts};
 use crate::request::LlmRoute;
+use crate::safety::texts::item_turns;
 use crate::session::{Conversation, Store};
 use crate::state::{AppState, Pool, RequestCtx};
+
+/// Stored items shown to context-dependent checks (the guard model) with a turn's new ones.
+const CHECK_CONTEXT: usize = 8;
 
 /// One turn, ready to run.
 pub struct Turn {
@@ -83,6 +87,19 @@ impl Turn {
         }
     }
 
+    /// What the input checks read of this turn: its instructions and new items, with the
+    /// latest stored items as context (they were judged in the turns that added them).
+    fn texts(&self) -> TurnTexts {
+        let history = self.previous.as_ref().map_or_else(Vec::new, |p| p.all_items());
+        let context = item_turns(history[history.len().saturating_sub(CHECK_CONTEXT)..].iter().copied());
+        let mut new = Vec::with_capacity(self.req.input.len() + 1);
+        if let Some(i) = self.req.instructions.as_deref().filter(|i| !i.is_empty()) {
+            new.push(crate::request::head::Turn { role: "system".into(), text: i.to_owned() });
+        }
+        new.extend(item_turns(&self.req.input));
+        TurnTexts { context, new }
+    }
+
     /// The conversation after this turn, with its output.
     fn stored(&self, output: Vec<Value>) -> Conversation {
         let mut items = self.req.input.clone();
@@ -104,13 +121,23 @@ pub async fn run(
 ) -> pingora::Result<Option<Arc<Conversation>>> {
     // Token-id completions where the pool renders prompts exactly as its backends.
     let pool = state.pools.for_model(&turn.req.model).cloned();
-    let tokens = pool.filter(|p| p.responses_tokens && p.canon.token_turns() && turn.req.completion_ok());
+    // (Not where input checks may rewrite text: token ids could not be.)
+    let tokens = pool.filter(|p| {
+        p.responses_tokens
+            && p.canon.token_turns()
+            && turn.req.completion_ok()
+            && !p.safety.as_ref().is_some_and(|s| s.redacts_input())
+    });
+    let checked = state.pools.for_model(&turn.req.model).is_some_and(|p| p.safety.is_some());
+    let with_texts = |h: Head| if checked { h.with_texts(turn.texts()) } else { h };
     let mut tr = Translator::new(sink, Builder::new(turn.id.clone(), &turn.req));
     let mut conversation_ids: Option<Vec<u32>> = None;
     let failed = match &tokens {
         Some(p) => {
             tr = tr.completion();
-            match token_turn(state, &mut tr, ctx, p, turn, head).await? {
+            match token_turn(state, &mut tr, ctx, p, turn, &with_texts(head.for_path("/v1/completions")))
+                .await?
+            {
                 Ok(ids) => {
                     conversation_ids = Some(ids);
                     None
@@ -122,7 +149,9 @@ pub async fn run(
             let history = turn.previous.as_ref().map_or_else(Vec::new, |p| p.all_items());
             match turn.req.to_chat(&history) {
                 Ok(body) => {
-                    let head = head.for_path("/v1/chat/completions").with_session(Some(turn.session_key()));
+                    let head = with_texts(
+                        head.for_path("/v1/chat/completions").with_session(Some(turn.session_key())),
+                    );
                     pipeline::run(state, &mut tr, ctx, LlmRoute::Chat, Bytes::from(body), &head).await?;
                     None
                 }

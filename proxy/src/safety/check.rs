@@ -37,13 +37,7 @@ impl Decision {
     }
 }
 
-/// One turn of a conversation, as checks read it.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Turn {
-    /// `user`, `assistant`, `system`, `tool`.
-    pub role: String,
-    pub text: String,
-}
+pub use crate::request::head::Turn;
 
 /// What a check judges: the `judged` turns, with `context` (earlier turns) for checks whose
 /// verdict depends on it.
@@ -181,9 +175,10 @@ impl Remote {
     }
 
     /// Judges `subject` within the deadline; an error or a timeout is counted and decided by
-    /// `on_error` (never by audit: a check that cannot answer found nothing to audit).
-    pub async fn run(&self, stage: Stage, subject: &Subject) -> Decision {
-        let Some(c) = self.counted(stage) else { return Decision::Pass };
+    /// `on_error` (never by audit: a check that cannot answer found nothing to audit). The
+    /// flag is false for such a decision: it is not a verdict to remember.
+    pub async fn run(&self, stage: Stage, subject: &Subject) -> (Decision, bool) {
+        let Some(c) = self.counted(stage) else { return (Decision::Pass, true) };
         let started = Instant::now();
         let said = tokio::time::timeout(self.timeout, self.judge.judge(stage, subject)).await;
         c.took(started);
@@ -193,7 +188,7 @@ impl Remote {
                 for cat in &categories {
                     c.finding(cat, action);
                 }
-                return c.verdict(categories.into_iter().next(), self.audit);
+                return (c.verdict(categories.into_iter().next(), self.audit), true);
             }
             Ok(Err(e)) => {
                 c.failed.inc();
@@ -206,23 +201,27 @@ impl Remote {
         };
         c.error.inc();
         tracing::warn!(check = self.name, stage = c.stage, error = %failure, on_error = ?self.on_error, "safety check failed");
-        match self.on_error {
+        let d = match self.on_error {
             OnError::Allow => Decision::Pass,
             OnError::Block => Decision::Block { check: self.name, category: "check_error".to_owned() },
-        }
+        };
+        (d, false)
     }
 }
 
 /// Runs every check in `checks` that runs on `stage` on `subject` at once: the first block (the
-/// others are dropped, their calls cancelled), or a pass when all pass.
-pub async fn run_all(checks: &[Arc<Remote>], stage: Stage, subject: &Subject) -> Decision {
+/// others are dropped, their calls cancelled), or a pass when all pass — with whether every
+/// check gave a verdict (a pass by `on_error` is not one).
+pub async fn run_all(checks: &[Arc<Remote>], stage: Stage, subject: &Subject) -> (Decision, bool) {
     use futures_util::stream::{FuturesUnordered, StreamExt};
     let mut runs: FuturesUnordered<_> =
         checks.iter().filter(|c| c.runs_on(stage)).map(|c| c.run(stage, subject)).collect();
-    while let Some(d) = runs.next().await {
+    let mut verdicts = true;
+    while let Some((d, verdict)) = runs.next().await {
         if d.blocks() {
-            return d;
+            return (d, verdict);
         }
+        verdicts &= verdict;
     }
-    Decision::Pass
+    (Decision::Pass, verdicts)
 }

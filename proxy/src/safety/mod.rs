@@ -19,11 +19,12 @@ pub mod texts;
 use std::sync::Arc;
 use std::time::Instant;
 
-use prometheus::Histogram;
+use prometheus::{Histogram, IntCounter};
 use tokio::task::JoinHandle;
 
 use crate::config::{InputConfig, OutputConfig, Release, RuleAction, RulesConfig, SafetyConfig, Stage};
 use crate::observe::Metrics;
+use crate::request::head::TurnTexts;
 use crate::request::LlmRequest;
 use check::{Counted, Remote, RemoteSpec};
 pub use check::{Decision, Subject, Turn};
@@ -39,12 +40,51 @@ pub struct Safety {
     remote: Arc<[Arc<Remote>]>,
     /// Output held back waiting for a verdict.
     pub held: Histogram,
+    /// Turns that passed (hashed with the checks that passed them): a conversation's earlier
+    /// turns are not judged again, so a turn's check cost stays flat as it grows.
+    known: Known,
+    turns_checked: [IntCounter; 2],
+    turns_known: [IntCounter; 2],
 }
+
+/// Hashes of turns that passed a stage's checks.
+#[derive(Clone)]
+struct Known {
+    cache: moka::sync::Cache<u64, ()>,
+    /// Per stage, which checks ran (a turn passed on one stage counts on the other only where
+    /// the same checks run on both).
+    sig: [u64; 2],
+}
+
+impl Known {
+    fn key(&self, stage: Stage, t: &Turn) -> u64 {
+        let mut h = xxhash_rust::xxh3::Xxh3::with_seed(self.sig[stage as usize]);
+        h.update(t.role.as_bytes());
+        h.update(&[0]);
+        h.update(t.text.as_bytes());
+        h.digest()
+    }
+
+    fn has(&self, stage: Stage, t: &Turn) -> bool {
+        self.cache.contains_key(&self.key(stage, t))
+    }
+
+    fn insert_all(&self, keys: &[u64]) {
+        for k in keys {
+            self.cache.insert(*k, ());
+        }
+    }
+}
+
+/// Most turns remembered as passed, per pool.
+const KNOWN_TURNS: u64 = 100_000;
 
 /// The `rules` check with its handles.
 struct RulesCheck {
     rules: Rules,
     audit: bool,
+    /// Some category redacts.
+    redacts: bool,
     input: Option<Counted>,
     output: Option<Counted>,
 }
@@ -121,6 +161,30 @@ impl Safety {
             remote.push(Arc::new(Remote::new("guard_model", Box::new(judge), spec, metrics, pool)));
             names.push("guard_model");
         }
+        let stage_sig = |st: Stage| {
+            let mut names = String::new();
+            if rules.as_ref().is_some_and(|r| r.counted(st).is_some()) {
+                names.push_str("rules,");
+            }
+            for r in remote.iter().filter(|r| r.runs_on(st)) {
+                names.push_str(r.name);
+                names.push(',');
+            }
+            xxhash_rust::xxh3::xxh3_64(names.as_bytes())
+        };
+        let known = Known {
+            cache: moka::sync::Cache::builder()
+                .max_capacity(KNOWN_TURNS)
+                .time_to_idle(std::time::Duration::from_secs(3600))
+                .build(),
+            sig: [stage_sig(Stage::Input), stage_sig(Stage::Output)],
+        };
+        let turns = |outcome: &str| {
+            [Stage::Input, Stage::Output].map(|st| {
+                let stage = if st == Stage::Input { "input" } else { "output" };
+                metrics.safety_turns.with_label_values(&[pool, stage, outcome])
+            })
+        };
         let release = match c.output.release {
             Release::AfterCheck => "after_check",
             Release::Stream => "stream",
@@ -133,6 +197,9 @@ impl Safety {
             rules,
             remote: remote.into(),
             held: metrics.safety_output_held_seconds.with_label_values(&[pool, release]),
+            known,
+            turns_checked: turns("checked"),
+            turns_known: turns("known"),
         }))
     }
 
@@ -142,25 +209,46 @@ impl Safety {
             || self.remote.iter().any(|c| c.runs_on(Stage::Output))
     }
 
+    /// Whether the rules may rewrite a request's text (a caller that sends token ids instead
+    /// of text must send text).
+    pub fn redacts_input(&self) -> bool {
+        self.rules.as_ref().is_some_and(|r| r.input.is_some() && r.redacts)
+    }
+
     /// Starts the input checks of `req` (parsed from `body`): the rules now, the remote
-    /// checks as a task.
-    pub fn input(&self, req: &LlmRequest<'_>, body: &[u8]) -> Input {
-        let mut turns = texts::input_turns(req);
+    /// checks as a task. Only turns not known to have passed are judged: `given` (a Responses
+    /// turn's new items, its history as context) or, from the body, every turn not seen
+    /// before.
+    pub fn input(&self, req: &LlmRequest<'_>, body: &[u8], given: Option<&TurnTexts>) -> Input {
+        let known = |t: &Turn| self.known.has(Stage::Input, t);
+        let (context, candidates) = match given {
+            Some(g) => (g.context.clone(), g.new.clone()),
+            None => texts::input_turns(req).into_iter().partition(known),
+        };
+        let (seen, mut judged): (Vec<Turn>, Vec<Turn>) = candidates.into_iter().partition(known);
+        self.turns_known[0].inc_by((context.len() + seen.len()) as u64);
+        self.turns_checked[0].inc_by(judged.len() as u64);
         let mut out = Input { refused: None, body: None, pending: None, turns: Arc::default() };
+        // Turns that pass go into `known`, but for those the rules rewrote: the client sends
+        // them again as they were, and they must be masked again each time.
+        let mut keys: Vec<u64> = Vec::new();
         if let Some(r) = &self.rules {
             if let Some(c) = &r.input {
                 let started = Instant::now();
                 let mut blocked = None;
                 let mut redacts = false;
-                for t in &mut turns {
+                for t in &mut judged {
                     let v = r.rules.check(&t.text);
                     for f in &v.findings {
                         c.finding(&f.category, r.taken(&f.category));
                     }
                     blocked = blocked.or(v.blocked_by);
-                    if let Some(red) = v.redacted.filter(|_| !r.audit) {
-                        t.text = red;
-                        redacts = true;
+                    match v.redacted.filter(|_| !r.audit) {
+                        Some(red) => {
+                            t.text = red;
+                            redacts = true;
+                        }
+                        None => keys.push(self.known.key(Stage::Input, t)),
                     }
                 }
                 let decision = c.verdict(blocked, r.audit);
@@ -173,13 +261,35 @@ impl Safety {
                     return out;
                 }
             }
+        } else {
+            keys = judged.iter().map(|t| self.known.key(Stage::Input, t)).collect();
         }
-        out.turns = Arc::new(turns);
-        if self.remote.iter().any(|c| c.runs_on(Stage::Input)) {
-            let subject = Subject { context: Arc::default(), judged: out.turns.to_vec() };
-            out.pending = Some(Pending::spawn(self.remote.clone(), Stage::Input, subject));
+        let mut all = context;
+        all.extend(seen);
+        let remote = !judged.is_empty() && self.remote.iter().any(|c| c.runs_on(Stage::Input));
+        all.extend(judged.iter().cloned());
+        out.turns = Arc::new(all);
+        if remote {
+            let n = out.turns.len() - judged.len();
+            let subject = Subject { context: Arc::new(out.turns[..n].to_vec()), judged };
+            out.pending =
+                Some(Pending::spawn(self.remote.clone(), Stage::Input, subject, (self.known.clone(), keys)));
+        } else {
+            self.known.insert_all(&keys);
         }
         out
+    }
+
+    /// Remembers an answer's texts as passed (its output checks all passed), so that the next
+    /// turn, which sends them back as history, does not judge them again.
+    pub fn passed_output(&self, texts: &[String]) {
+        let keys: Vec<u64> = texts
+            .iter()
+            .filter(|t| !t.is_empty())
+            .map(|t| self.known.key(Stage::Output, &Turn { role: "assistant".into(), text: t.clone() }))
+            .collect();
+        self.turns_checked[1].inc_by(keys.len() as u64);
+        self.known.insert_all(&keys);
     }
 
     /// Judges one window of the answer: `texts` per choice, each `(text, new_from)` where the
@@ -216,13 +326,25 @@ impl Safety {
                 .map(|(t, _)| Turn { role: "assistant".into(), text: t.clone() })
                 .collect();
             let subject = Subject { context: context.clone(), judged };
-            out.pending = Some(Pending::spawn(self.remote.clone(), Stage::Output, subject));
+            out.pending = Some(Pending::spawn(
+                self.remote.clone(),
+                Stage::Output,
+                subject,
+                (self.known.clone(), Vec::new()),
+            ));
         }
         out
     }
 }
 
 impl RulesCheck {
+    fn counted(&self, stage: Stage) -> Option<&Counted> {
+        match stage {
+            Stage::Input => self.input.as_ref(),
+            Stage::Output => self.output.as_ref(),
+        }
+    }
+
     /// The `action` label of a finding of `category`.
     fn taken(&self, category: &str) -> &'static str {
         match self.rules.action(category) {
@@ -248,9 +370,12 @@ fn rules_check(r: &RulesConfig, pool: &str, metrics: &Metrics) -> Result<RulesCh
         default_action: Some(action(r.default_action)),
     };
     let counted = |s: Stage| r.stages.contains(&s).then(|| Counted::new(metrics, pool, "rules", s));
+    let redacts =
+        r.default_action == RuleAction::Redact || r.actions.values().any(|a| *a == RuleAction::Redact);
     Ok(RulesCheck {
         rules: Rules::new(&spec)?,
         audit: r.audit,
+        redacts,
         input: counted(Stage::Input),
         output: counted(Stage::Output),
     })
@@ -259,28 +384,46 @@ fn rules_check(r: &RulesConfig, pool: &str, metrics: &Metrics) -> Result<RulesCh
 /// The remote checks' verdict on one subject, computed by a task of its own (so it runs while
 /// the request goes on); dropping it cancels the checks.
 pub struct Pending {
-    task: JoinHandle<Decision>,
-    done: Option<Decision>,
+    task: JoinHandle<(Decision, bool)>,
+    done: Option<(Decision, bool)>,
 }
 
 impl Pending {
-    fn spawn(checks: Arc<[Arc<Remote>]>, stage: Stage, subject: Subject) -> Pending {
-        let task = tokio::spawn(async move { check::run_all(&checks, stage, &subject).await });
+    /// Runs `checks` on `subject`; on a pass, `keys` go into `known`.
+    fn spawn(
+        checks: Arc<[Arc<Remote>]>,
+        stage: Stage,
+        subject: Subject,
+        (known, keys): (Known, Vec<u64>),
+    ) -> Pending {
+        let task = tokio::spawn(async move {
+            let (d, verdicts) = check::run_all(&checks, stage, &subject).await;
+            // A pass only because a check failed open is not remembered.
+            if !d.blocks() && verdicts {
+                known.insert_all(&keys);
+            }
+            (d, verdicts)
+        });
         Pending { task, done: None }
     }
 
     /// The verdict, waiting for it. Cancel-safe.
     pub async fn decided(&mut self) -> Decision {
-        if let Some(d) = &self.done {
+        if let Some((d, _)) = &self.done {
             return d.clone();
         }
-        let d = match (&mut self.task).await {
+        let done = match (&mut self.task).await {
             Ok(d) => d,
             // The task panicked: a check that cannot answer, failed closed.
-            Err(_) => Decision::Block { check: "safety", category: "check_error".into() },
+            Err(_) => (Decision::Block { check: "safety", category: "check_error".into() }, false),
         };
-        self.done = Some(d.clone());
-        d
+        self.done = Some(done.clone());
+        done.0
+    }
+
+    /// The decision came from every check's own verdict (none failed open or closed).
+    pub fn is_verdict(&self) -> bool {
+        self.done.as_ref().is_some_and(|d| d.1)
     }
 
     /// The verdict where it is in, without waiting.

@@ -46,6 +46,11 @@ pub fn input_turns(req: &LlmRequest<'_>) -> Vec<Turn> {
     out
 }
 
+/// The turns of Responses items (stored or new).
+pub fn item_turns<'v>(items: impl IntoIterator<Item = &'v Value>) -> Vec<Turn> {
+    items.into_iter().map(item_turn).collect()
+}
+
 /// A prompt string, a Responses input item, or a list of token ids (no text).
 fn item_turn(v: &Value) -> Turn {
     let role = match (v.get("role").and_then(Value::as_str), v.get("type").and_then(Value::as_str)) {
