@@ -291,3 +291,47 @@ fn a_cached_answer_is_released_only_through_the_checks() {
         );
     }
 }
+
+#[test]
+fn the_openai_sdk_sees_content_filter_and_incomplete_in_each_api() {
+    let venv = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../.venv/bin/python");
+    assert!(venv.exists(), "{} missing: run scripts/ensure-deps", venv.display());
+    // Both stages, and secrets blocked on the input.
+    let rules = output("after_check", "")
+        .replace("falcon = \"block\"", "falcon = \"block\"\napi_key = \"block\"")
+        .replace("stages = [\"output\"]\n", "")
+        .replace("detect = [\"email\"]", "detect = [\"email\", \"api_key\"]");
+    let s = setup(&rules, &[]);
+    let script = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/clients/openai_safety.py");
+    let out = std::process::Command::new(venv)
+        .arg(script)
+        .args([format!("http://{}/v1", s.proxy.addr), "m".to_owned()])
+        .output()
+        .expect("python runs");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "client failed:\n{stdout}\n{}", String::from_utf8_lossy(&out.stderr));
+    let v: Value = serde_json::from_str(stdout.trim()).expect("json line");
+    assert_eq!(v["chat_stream_finish"], "content_filter", "{v}");
+    let streamed = v["chat_stream_text"].as_str().unwrap_or("");
+    assert!(streamed.starts_with("Once upon") && !streamed.contains("Falcon"), "{v}");
+    assert_eq!(
+        (v["chat_finish"].as_str(), v["chat_content"].as_str()),
+        (Some("content_filter"), Some("")),
+        "{v}"
+    );
+    assert_eq!(v["input_block"], "content_policy_violation", "{v}");
+    assert_eq!(
+        (v["http_status"].as_str(), v["http_reason"].as_str()),
+        (Some("incomplete"), Some("content_filter")),
+        "{v}"
+    );
+    assert!(!v["http_text"].as_str().unwrap_or("Falcon").contains("Falcon"), "{v}");
+    assert_eq!(v["http_stream_status"], "incomplete", "{v}");
+    assert_eq!(
+        (v["ws_first"].as_str(), v["ws_reason"].as_str()),
+        (Some("response.incomplete"), Some("content_filter")),
+        "{v}"
+    );
+    assert_eq!(v["ws_second"], "response.completed", "{v}");
+    assert_eq!(v["ws_second_text"], "The weather is mild today and the sky is clear over the hills.", "{v}");
+}
