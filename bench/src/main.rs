@@ -14,6 +14,7 @@ mod replay;
 mod report;
 mod requests;
 mod route_cost;
+mod safety;
 mod spec;
 mod stats;
 mod targets;
@@ -54,6 +55,10 @@ enum Cmd {
     /// What one `cache_aware` routing decision costs at 8, 64 and 256 backends with a million
     /// indexed blocks, beside a per-block walk of the same index.
     RouteCost(route_cost::Args),
+    /// What the safety stage adds on the bundled engine: TTFT with no checks, the rules, and a
+    /// moderation service at several latencies run before or beside the backend call; output
+    /// checks under each release policy.
+    Safety(safety::Args),
 }
 
 fn main() -> anyhow::Result<()> {
@@ -67,6 +72,7 @@ fn main() -> anyhow::Result<()> {
             Cmd::Compare(a) => compare::run(*a).await,
             Cmd::ToolSearch(a) => tool_search::run(a),
             Cmd::RouteCost(a) => route_cost::run(a),
+            Cmd::Safety(a) => safety::run(a).await,
         }
     }))
 }

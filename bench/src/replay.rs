@@ -203,6 +203,15 @@ async fn one(sender: &mut Sender, addr: SocketAddr, r: &Request, timeout: Durati
     out
 }
 
+/// One streaming chat request with `body` on a new connection.
+pub async fn once(addr: SocketAddr, body: Bytes, timeout: Duration) -> Outcome {
+    let r = Request { at: Duration::ZERO, body, tokens: Vec::new(), max_tokens: 0, session: None };
+    match connect(addr).await {
+        Ok(mut s) => one(&mut s, addr, &r, timeout).await,
+        Err(e) => Outcome { error: Some(format!("connect: {e}")), ..Outcome::default() },
+    }
+}
+
 /// Each request at its arrival time on a new connection; outcomes in request order.
 pub async fn open_loop(
     addr: SocketAddr,

@@ -14,6 +14,8 @@ pub struct Target {
     pub addr: SocketAddr,
     /// The process whose CPU is measured (none for the direct connection).
     pub child: Option<Child>,
+    /// warmpath's admin listener (its metrics).
+    pub admin: Option<SocketAddr>,
 }
 
 impl Target {
@@ -75,11 +77,11 @@ pub fn spawn(name: &str, cmd: &mut Command, addr: SocketAddr) -> anyhow::Result<
         .stderr(Stdio::from(log))
         .spawn()
         .with_context(|| format!("starting {name}"))?;
-    Ok(Target { name: name.to_owned(), addr, child: Some(child) })
+    Ok(Target { name: name.to_owned(), addr, child: Some(child), admin: None })
 }
 
 pub fn direct(upstream: SocketAddr) -> Target {
-    Target { name: "direct".into(), addr: upstream, child: None }
+    Target { name: "direct".into(), addr: upstream, child: None, admin: None }
 }
 
 /// The pool tables the `+features` of a warmpath target spec turn on: `canon`
@@ -177,6 +179,7 @@ pub fn warmpath_binary(
         addr,
     )?;
     t.name = format!("warmpath {spec}");
+    t.admin = Some(admin);
     Ok(t)
 }
 
