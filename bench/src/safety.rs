@@ -28,8 +28,8 @@ pub struct Args {
     /// for the timing model (quick runs).
     #[arg(long, default_value = "smollm2-135m-instruct")]
     pub model: String,
-    /// Words of each prompt (about 1.3 tokens each), all unique per request.
-    #[arg(long, default_value_t = 150)]
+    /// Words of each prompt (made-up words of several tokens each), all unique per request.
+    #[arg(long, default_value_t = 24)]
     pub prompt_words: usize,
     /// Moderation service latencies to try, ms.
     #[arg(long, default_value = "20,100,300", value_delimiter = ',')]
@@ -161,8 +161,11 @@ fn engine(a: &Args) -> anyhow::Result<Target> {
 
 pub async fn run(a: Args) -> anyhow::Result<()> {
     let n = if a.quick { 5 } else { a.requests };
-    let delay = Arc::new(AtomicU64::new(0));
-    let moderation = moderation_stub(delay.clone()).await?;
+    // One stub per latency, so that every configuration runs at once.
+    let mut stubs = std::collections::HashMap::new();
+    for &d in a.delays.iter().chain([&0]) {
+        stubs.insert(d, moderation_stub(Arc::new(AtomicU64::new(d))).await?);
+    }
     let e = engine(&a)?;
     let ready = Bytes::from(
         json!({"model": "m", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 1}).to_string(),
@@ -170,14 +173,17 @@ pub async fn run(a: Args) -> anyhow::Result<()> {
     let prompt = Bytes::from(json!({"model": "m", "prompt": "hi", "max_tokens": 1}).to_string());
     crate::engine_vs::wait_completion(e.addr, &prompt).await?;
     let mut salt = 0u64;
-    let moderation_toml = |stages: &str| {
-        format!("[pools.safety.moderation]\nurl = \"http://{moderation}\"\nstages = [{stages}]\ntimeout_ms = 5000\n")
+    let moderation_toml = |d: u64, stages: &str| {
+        format!(
+            "[pools.safety.moderation]\nurl = \"http://{}\"\nstages = [{stages}]\ntimeout_ms = 5000\n",
+            stubs[&d]
+        )
     };
     let rules = "[pools.safety.rules]\nstages = [\"input\", \"output\"]\n".to_owned();
     let output = |release: &str| {
         format!("[pools.safety.output]\nrelease = \"{release}\"\nwindow_tokens = {}\noverlap_tokens = 4\nlag_tokens = {}\n", a.window, a.window)
     };
-    // (label, delay ms, policy tables, tokens generated)
+    // (label, check delay ms, policy tables, tokens generated)
     let mut configs: Vec<(String, u64, String, usize)> = vec![
         ("no checks".into(), 0, String::new(), 1),
         ("rules (input + output)".into(), 0, rules.clone(), 1),
@@ -186,10 +192,10 @@ pub async fn run(a: Args) -> anyhow::Result<()> {
         configs.push((
             format!("moderation {d} ms, before"),
             d,
-            format!("{}[pools.safety.input]\nmode = \"before\"\n", moderation_toml("\"input\"")),
+            format!("{}[pools.safety.input]\nmode = \"before\"\n", moderation_toml(d, "\"input\"")),
             1,
         ));
-        configs.push((format!("moderation {d} ms, concurrent"), d, moderation_toml("\"input\""), 1));
+        configs.push((format!("moderation {d} ms, concurrent"), d, moderation_toml(d, "\"input\""), 1));
     }
     let out_delay = a.delays.first().copied().unwrap_or(20);
     configs.push((format!("output: none ({} tokens)", a.output_tokens), 0, String::new(), a.output_tokens));
@@ -203,31 +209,55 @@ pub async fn run(a: Args) -> anyhow::Result<()> {
         configs.push((
             format!("output: moderation {out_delay} ms, {release}"),
             out_delay,
-            format!("{}{}", moderation_toml("\"output\""), output(release)),
+            format!("{}{}", moderation_toml(out_delay, "\"output\""), output(release)),
             a.output_tokens,
         ));
     }
-    // The engine alone: what prefill (and the first token) takes.
-    let (direct, _) = measure(e.addr, &a, &mut salt, n, 1).await?;
-    let mut rows = Vec::new();
-    for (label, d, tables, tokens) in &configs {
-        eprintln!("{label}");
-        delay.store(*d, Ordering::Relaxed);
+    // Every configuration's warmpath at once; requests go round them in turn, so that the
+    // machine's drift over the run falls on all alike.
+    let mut proxies = Vec::new();
+    for (label, _, tables, tokens) in &configs {
         let mut w = targets::warmpath(&[e.addr], &[], "round_robin", 1, tables)?;
         targets::wait_ready(&mut w, &ready).await?;
-        let (_, _) = measure(w.addr, &a, &mut salt, 2, *tokens).await?; // warm-up
-        let before = held(&w).await?;
-        let (ttft, e2e) = measure(w.addr, &a, &mut salt, n, *tokens).await?;
-        let after = held(&w).await?;
-        let windows = after[1] - before[1];
-        let checks = (after[3] - before[3]).max(1.0);
-        let held = (windows > 0.0).then(|| {
-            (windows, (after[0] - before[0]) / windows * 1000.0, (after[2] - before[2]) / checks * 1000.0)
-        });
-        rows.push((Row { name: label.clone(), ttft, e2e, held }, *d));
+        measure(w.addr, &a, &mut salt, 1, *tokens).await?; // warm-up
+        eprintln!("ready: {label}");
+        proxies.push(w);
+    }
+    let before: Vec<[f64; 4]> = futures_join(&proxies).await?;
+    let mut ttft = vec![Vec::new(); configs.len()];
+    let mut e2e = vec![Vec::new(); configs.len()];
+    let mut direct = Vec::new();
+    for round in 0..n {
+        eprintln!("round {}/{n}", round + 1);
+        let (d, _) = measure(e.addr, &a, &mut salt, 1, 1).await?;
+        direct.extend(d);
+        for (i, (_, _, _, tokens)) in configs.iter().enumerate() {
+            let (t, x) = measure(proxies[i].addr, &a, &mut salt, 1, *tokens).await?;
+            ttft[i].extend(t);
+            e2e[i].extend(x);
+        }
+    }
+    let after: Vec<[f64; 4]> = futures_join(&proxies).await?;
+    let mut rows = Vec::new();
+    for (i, (label, d, _, _)) in configs.iter().enumerate() {
+        let (b, f) = (before[i], after[i]);
+        let windows = f[1] - b[1];
+        let checks = (f[3] - b[3]).max(1.0);
+        let held = (windows > 0.0)
+            .then(|| (windows, (f[0] - b[0]) / windows * 1000.0, (f[2] - b[2]) / checks * 1000.0));
+        rows.push((Row { name: label.clone(), ttft: ttft[i].clone(), e2e: e2e[i].clone(), held }, *d));
     }
     let md = report(&a, n, &direct, &rows);
     crate::report::publish(&md, "safety", a.out.clone(), a.quick)
+}
+
+/// Every proxy's hold and check counters.
+async fn futures_join(proxies: &[Target]) -> anyhow::Result<Vec<[f64; 4]>> {
+    let mut out = Vec::with_capacity(proxies.len());
+    for p in proxies {
+        out.push(held(p).await?);
+    }
+    Ok(out)
 }
 
 fn report(a: &Args, n: usize, direct: &[f64], rows: &[(Row, u64)]) -> String {
@@ -236,7 +266,8 @@ fn report(a: &Args, n: usize, direct: &[f64], rows: &[(Row, u64)]) -> String {
         "# Safety checks: what they add to a request\n\n\
          `warmpath-bench safety --model {} --requests {} --prompt-words {} --delays {}` ({}).\n\
          One engine, one client, requests one after another, every prompt unique (each pays its\n\
-         prefill). The engine alone answers its first token in **{prefill:.1} ms** (p50) — the\n\
+         prefill), going round every configuration's warmpath in turn (so that drift over the\n\
+         run falls on all alike). The engine alone answers its first token in **{prefill:.1} ms** (p50) — the\n\
          prefill the checks race against. Moderation is a stub service on 127.0.0.1 that passes\n\
          everything after the given delay.\n\n",
         a.model,
