@@ -335,3 +335,26 @@ fn the_openai_sdk_sees_content_filter_and_incomplete_in_each_api() {
     assert_eq!(v["ws_second"], "response.completed", "{v}");
     assert_eq!(v["ws_second_text"], "The weather is mild today and the sky is clear over the hills.", "{v}");
 }
+
+#[test]
+fn a_streamed_answer_that_passed_is_not_judged_again_as_history() {
+    // Rules on both stages: an answer passed as output counts as passed input.
+    let s = setup(&output("after_check", "").replace("stages = [\"output\"]\n", ""), &[]);
+    let (answer, _, _, _) = stream(&s.proxy, "weather?");
+    assert!(!answer.is_empty());
+    let turns = |stage: &str, outcome: &str| {
+        let m = s.proxy.metrics();
+        metric(&m, &format!(r#"warmpath_safety_turns_total{{outcome="{outcome}",pool="main",stage="{stage}"}}"#))
+            .unwrap_or(0.0)
+    };
+    assert_eq!(turns("output", "checked"), 1.0, "the released answer is remembered");
+    let history = json!({"model": "m", "max_tokens": 8, "messages": [
+        {"role": "user", "content": "weather?"},
+        {"role": "assistant", "content": answer},
+        {"role": "user", "content": "and tomorrow?"}]});
+    let known = turns("input", "known");
+    let r = post_json(s.proxy.addr, "/v1/chat/completions", &history);
+    assert_eq!(r.status, 200, "{}", r.text());
+    // The first question and the answer are known; only the new question is judged.
+    assert_eq!(turns("input", "known") - known, 2.0);
+}

@@ -2,13 +2,15 @@
 //! stage's tests: it flags a text holding a trigger word under the word's category (score
 //! 0.95; every other category 0.01), and can be made slow, broken or garbled while it runs.
 
-use std::io::{Read, Write};
+use std::io::Write;
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use serde_json::{json, Value};
+
+use crate::scripted::read_request;
 
 /// How the service answers.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -68,7 +70,7 @@ impl ModerationServer {
 }
 
 fn serve(mut conn: TcpStream, b: &Mutex<Behaviour>, calls: &AtomicU64, inputs: &Mutex<Vec<Vec<String>>>) {
-    while let Some(body) = read_request(&mut conn) {
+    while let Some((_, body)) = read_request(&mut conn) {
         calls.fetch_add(1, Ordering::SeqCst);
         let texts: Vec<String> = serde_json::from_slice::<Value>(&body)
             .ok()
@@ -115,25 +117,4 @@ fn answer(texts: &[String]) -> Value {
         })
         .collect();
     json!({"id": "modr-test", "model": "test-moderation", "results": results})
-}
-
-fn read_request(conn: &mut TcpStream) -> Option<Vec<u8>> {
-    let mut buf = Vec::new();
-    let mut byte = [0u8; 1];
-    while !buf.ends_with(b"\r\n\r\n") {
-        if conn.read(&mut byte).ok()? == 0 {
-            return None;
-        }
-        buf.push(byte[0]);
-    }
-    let head = String::from_utf8_lossy(&buf);
-    let len = head
-        .lines()
-        .filter_map(|l| l.split_once(':'))
-        .find(|(k, _)| k.trim().eq_ignore_ascii_case("content-length"))
-        .and_then(|(_, v)| v.trim().parse::<usize>().ok())
-        .unwrap_or(0);
-    let mut body = vec![0u8; len];
-    conn.read_exact(&mut body).ok()?;
-    Some(body)
 }

@@ -90,7 +90,7 @@ impl Scripted {
 }
 
 /// Reads one request with a Content-Length body from a server-side connection.
-fn read_request(conn: &mut TcpStream) -> Option<(String, Vec<u8>)> {
+pub(crate) fn read_request(conn: &mut TcpStream) -> Option<(String, Vec<u8>)> {
     let mut buf = Vec::new();
     let mut byte = [0u8; 1];
     while !buf.ends_with(b"\r\n\r\n") {

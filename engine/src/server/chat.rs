@@ -100,14 +100,11 @@ fn scripted(state: &AppState, req: &ChatCompletionRequest) -> Vec<u32> {
     if state.script.is_empty() {
         return Vec::new();
     }
-    let f = &state.format;
-    let Ok(text) = f.render_text(&req.messages, req.tools.as_deref().unwrap_or_default(), true) else {
-        return Vec::new();
-    };
-    let Some(reply) = state.script.reply_for(&text) else { return Vec::new() };
-    let mut ids = f.tokenizer.encode(reply);
-    ids.extend(f.stop_ids.last());
-    ids
+    let tools = req.tools.as_deref().unwrap_or_default();
+    match state.format.render_text(&req.messages, tools, true) {
+        Ok(text) => state.scripted(&text),
+        Err(_) => Vec::new(),
+    }
 }
 
 struct ChatFormat {

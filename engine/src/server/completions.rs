@@ -39,12 +39,10 @@ pub fn prompts_of(state: &AppState, req: &CompletionRequest) -> Result<Vec<Vec<u
 
 /// The `--script` reply for a text prompt, as forced output tokens ending the completion.
 fn scripted(state: &AppState, req: &CompletionRequest) -> Vec<u32> {
-    let Prompt::Text(text) = &req.prompt else { return Vec::new() };
-    let Some(reply) = state.script.reply_for(text) else { return Vec::new() };
-    let f = &state.format;
-    let mut ids = f.tokenizer.encode(reply);
-    ids.extend(f.stop_ids.last());
-    ids
+    match &req.prompt {
+        Prompt::Text(text) => state.scripted(text),
+        _ => Vec::new(),
+    }
 }
 
 async fn run(state: Arc<AppState>, body: Body) -> Result<Response, ApiError> {

@@ -38,6 +38,17 @@ pub struct AppState {
     pub script: crate::script::Script,
 }
 
+impl AppState {
+    /// The `--script` reply for a prompt's text, as forced output tokens ending the answer;
+    /// empty when no rule matches.
+    pub fn scripted(&self, prompt: &str) -> Vec<u32> {
+        let Some(reply) = self.script.reply_for(prompt) else { return Vec::new() };
+        let mut ids = self.format.tokenizer.encode(reply);
+        ids.extend(self.format.stop_ids.last());
+        ids
+    }
+}
+
 /// The router with every route.
 pub fn router(state: Arc<AppState>) -> Router {
     Router::new()

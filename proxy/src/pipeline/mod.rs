@@ -122,15 +122,10 @@ async fn admitted(
     }
     let mut gate = InputGate::new(down, input.pending.take(), &safety.names);
     let output = safety.checks_output() && parsed.route != LlmRoute::Responses;
+    // Where the rules redacted, the stages read the rewritten body.
     let redacted = input.body.take().map(Bytes::from);
-    let reparsed = match &redacted {
-        Some(b) => Some(LlmRequest::parse(parsed.route, b)),
-        None => None,
-    };
-    let (parsed, body) = match (reparsed, &redacted) {
-        (Some(Ok(p)), Some(b)) => (p, b),
-        _ => (parsed, body),
-    };
+    let reparsed = redacted.as_ref().and_then(|b| Some((LlmRequest::parse(parsed.route, b).ok()?, b)));
+    let (parsed, body) = reparsed.unwrap_or((parsed, body));
     if output {
         let completion = parsed.route == LlmRoute::Completions;
         let mut release = OutputRelease::new(&mut gate, safety, input.turns.clone(), completion);

@@ -47,8 +47,17 @@ struct Held {
     bytes: Bytes,
     window: u64,
     tokens: usize,
-    /// Its text pieces: (choice, place, start and end in the choice's whole text).
-    pieces: Vec<(u32, Loc, usize, usize)>,
+    pieces: Vec<HeldPiece>,
+}
+
+/// A text piece of a held event: its choice, its place, where it sits in the choice's whole
+/// text, and the text.
+struct HeldPiece {
+    choice: u32,
+    loc: Loc,
+    start: usize,
+    end: usize,
+    text: String,
 }
 
 /// A span of a choice's text to mask (in the choice's whole text), and whether its label is
@@ -161,8 +170,8 @@ impl<'d> OutputRelease<'d> {
                 let c = self.choices.entry(p.choice).or_default();
                 let start = c.len;
                 c.len += p.text.len();
-                c.pieces.push((start, p.text));
-                pieces.push((p.choice, p.loc, start, c.len));
+                c.pieces.push((start, p.text.clone()));
+                pieces.push(HeldPiece { choice: p.choice, loc: p.loc, start, end: c.len, text: p.text });
             }
             if value.as_ref().is_some_and(|v| v.get("choices").is_some()) {
                 self.last_chunk = value;
@@ -246,42 +255,41 @@ impl<'d> OutputRelease<'d> {
         }
     }
 
-    /// An event as it goes out: its pieces masked where spans touch them.
+    /// An event as it goes out: its pieces masked where spans touch them, their text added to
+    /// what the client has of each choice.
     fn masked(&mut self, h: Held) -> Bytes {
-        let touches = |p: &(u32, Loc, usize, usize), m: &Mask| m.start < p.3 && m.end > p.2;
-        let hit =
-            h.pieces.iter().any(|p| self.masks.get(&p.0).is_some_and(|ms| ms.iter().any(|m| touches(p, m))));
-        if !hit {
+        let mut changed: Vec<(&HeldPiece, String)> = Vec::new();
+        for p in &h.pieces {
+            let masks = self
+                .masks
+                .get_mut(&p.choice)
+                .filter(|ms| ms.iter().any(|m| m.start < p.end && m.end > p.start));
+            let new = masks.map(|masks| {
+                let spans: Vec<(usize, usize, String)> =
+                    masks.iter().map(|m| (m.start, m.end, m.label.clone())).collect();
+                let mut placed: Vec<bool> = masks.iter().map(|m| m.placed).collect();
+                let text = texts::mask(&p.text, p.start, &spans, &mut placed);
+                for (m, now) in masks.iter_mut().zip(placed) {
+                    m.placed = now;
+                }
+                text
+            });
+            if matches!(p.loc, Loc::Content | Loc::Text) {
+                self.released.entry(p.choice).or_default().push_str(new.as_deref().unwrap_or(&p.text));
+            }
+            if let Some(text) = new {
+                changed.push((p, text));
+            }
+        }
+        if changed.is_empty() {
             return h.bytes;
         }
         let Some((head, data)) = split_data(&h.bytes) else { return h.bytes };
         let Ok(mut v) = serde_json::from_str::<Value>(data) else { return h.bytes };
-        let current = texts::pieces(&v);
-        for p in &h.pieces {
-            let Some(masks) = self.masks.get_mut(&p.0) else { continue };
-            let Some(piece) = current.pieces.iter().find(|c| c.choice == p.0 && c.loc == p.1) else {
-                continue;
-            };
-            let spans: Vec<(usize, usize, String)> =
-                masks.iter().map(|m| (m.start, m.end, m.label.clone())).collect();
-            let mut placed: Vec<bool> = masks.iter().map(|m| m.placed).collect();
-            texts::put(&mut v, p.0, p.1, texts::mask(&piece.text, p.2, &spans, &mut placed));
-            for (m, now) in masks.iter_mut().zip(placed) {
-                m.placed = now;
-            }
+        for (p, text) in changed {
+            texts::put(&mut v, p.choice, p.loc, text);
         }
-        let out = Bytes::from(format!("{head}data: {v}\n\n"));
-        self.note_released(&out);
-        out
-    }
-
-    /// Adds an event's text (as it goes out) to what the client has of each choice.
-    fn note_released(&mut self, event: &[u8]) {
-        let Some((_, data)) = split_data(event) else { return };
-        let Ok(v) = serde_json::from_str::<Value>(data) else { return };
-        for p in texts::pieces(&v).pieces.into_iter().filter(|p| matches!(p.loc, Loc::Content | Loc::Text)) {
-            self.released.entry(p.choice).or_default().push_str(&p.text);
-        }
+        Bytes::from(format!("{head}data: {v}\n\n"))
     }
 
     /// Takes in the verdicts that are in, in order; true when one blocks.
@@ -383,15 +391,16 @@ impl<'d> OutputRelease<'d> {
             texts::filter_whole(&mut v);
             "block"
         } else {
-            for (p, spans) in pieces.iter().zip(&j.redact).filter(|(_, s)| !s.is_empty()) {
-                let mut placed = vec![false; spans.len()];
-                texts::put(&mut v, p.choice, p.loc, texts::mask(&p.text, 0, spans, &mut placed));
-            }
             let mut per_choice: BTreeMap<u32, String> = BTreeMap::new();
-            for p in
-                texts::pieces(&v).pieces.into_iter().filter(|p| matches!(p.loc, Loc::Content | Loc::Text))
-            {
-                per_choice.entry(p.choice).or_default().push_str(&p.text);
+            for (p, spans) in pieces.iter().zip(&j.redact) {
+                let masked = (!spans.is_empty())
+                    .then(|| texts::mask(&p.text, 0, spans, &mut vec![false; spans.len()]));
+                if matches!(p.loc, Loc::Content | Loc::Text) {
+                    per_choice.entry(p.choice).or_default().push_str(masked.as_deref().unwrap_or(&p.text));
+                }
+                if let Some(text) = masked {
+                    texts::put(&mut v, p.choice, p.loc, text);
+                }
             }
             if !unsure {
                 self.safety.passed_output(&per_choice.into_values().collect::<Vec<_>>());

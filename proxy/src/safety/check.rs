@@ -26,15 +26,6 @@ impl Decision {
     pub fn blocks(&self) -> bool {
         matches!(self, Decision::Block { .. })
     }
-
-    /// The first block of two decisions.
-    pub fn or(self, other: Decision) -> Decision {
-        if self.blocks() {
-            self
-        } else {
-            other
-        }
-    }
 }
 
 pub use crate::request::head::Turn;
@@ -116,10 +107,6 @@ impl Counted {
                 Decision::Block { check: self.check, category }
             }
         }
-    }
-
-    pub fn stage(&self) -> &'static str {
-        self.stage
     }
 }
 
