@@ -344,8 +344,11 @@ fn a_streamed_answer_that_passed_is_not_judged_again_as_history() {
     assert!(!answer.is_empty());
     let turns = |stage: &str, outcome: &str| {
         let m = s.proxy.metrics();
-        metric(&m, &format!(r#"warmpath_safety_turns_total{{outcome="{outcome}",pool="main",stage="{stage}"}}"#))
-            .unwrap_or(0.0)
+        metric(
+            &m,
+            &format!(r#"warmpath_safety_turns_total{{outcome="{outcome}",pool="main",stage="{stage}"}}"#),
+        )
+        .unwrap_or(0.0)
     };
     assert_eq!(turns("output", "checked"), 1.0, "the released answer is remembered");
     let history = json!({"model": "m", "max_tokens": 8, "messages": [
