@@ -250,6 +250,9 @@ fn responses_end_incomplete_over_http_and_websocket_and_the_socket_stays_open() 
     let last = events.last().expect("events");
     assert_eq!(last["type"], "response.incomplete", "{events:?}");
     assert_eq!(last["response"]["incomplete_details"]["reason"], "content_filter");
+    // A WebSocket has no headers: the response's metadata says which checks ran.
+    assert_eq!(events[0]["response"]["metadata"]["warmpath_safety"], "rules; input=pass; output=after_check");
+    assert_eq!(last["response"]["metadata"]["warmpath_safety"], "rules; input=pass; output=after_check");
     let deltas: String = events
         .iter()
         .filter(|e| e["type"] == "response.output_text.delta")
@@ -360,4 +363,125 @@ fn a_streamed_answer_that_passed_is_not_judged_again_as_history() {
     assert_eq!(r.status, 200, "{}", r.text());
     // The first question and the answer are known; only the new question is judged.
     assert_eq!(turns("input", "known") - known, 2.0);
+}
+
+/// A backend's own Responses stream of `text` (a word per delta), as vLLM sends it.
+fn native_stream(text: &str) -> Vec<u8> {
+    let item = json!({"id": "msg_1", "type": "message", "status": "in_progress", "role": "assistant", "content": []});
+    let part = |t: &str| json!({"type": "output_text", "text": t, "annotations": []});
+    let done_item = json!({"id": "msg_1", "type": "message", "status": "completed", "role": "assistant", "content": [part(text)]});
+    let response = |status: &str, output: Value| json!({"id": "resp_n", "object": "response", "status": status, "model": "m", "output": output, "metadata": {}});
+    let mut events = vec![
+        json!({"type": "response.created", "response": response("in_progress", json!([]))}),
+        json!({"type": "response.in_progress", "response": response("in_progress", json!([]))}),
+        json!({"type": "response.output_item.added", "output_index": 0, "item": item}),
+        json!({"type": "response.content_part.added", "output_index": 0, "content_index": 0, "item_id": "msg_1", "part": part("")}),
+    ];
+    for w in text.split_inclusive(' ') {
+        events.push(json!({"type": "response.output_text.delta", "output_index": 0, "content_index": 0, "item_id": "msg_1", "delta": w}));
+    }
+    events.extend([
+        json!({"type": "response.output_text.done", "output_index": 0, "content_index": 0, "item_id": "msg_1", "text": text}),
+        json!({"type": "response.content_part.done", "output_index": 0, "content_index": 0, "item_id": "msg_1", "part": part(text)}),
+        json!({"type": "response.output_item.done", "output_index": 0, "item": done_item}),
+        json!({"type": "response.completed", "response": response("completed", json!([done_item]))}),
+    ]);
+    let mut out = String::new();
+    for (n, mut e) in events.into_iter().enumerate() {
+        e["sequence_number"] = json!(n);
+        out.push_str(&format!("event: {}\ndata: {e}\n\n", e["type"].as_str().unwrap_or("")));
+    }
+    out.into_bytes()
+}
+
+/// A backend that serves Responses itself: what it says depends on the request's input, streamed
+/// or whole as asked.
+fn native_backend() -> Scripted {
+    Scripted::start_raw(|body| {
+        let req: Value = serde_json::from_slice(body).unwrap_or_default();
+        let input = req["input"].as_str().unwrap_or("");
+        let text = if input.contains("mail") {
+            "Write to ann@corp.io for details and have a good day."
+        } else if input.contains("falcon") {
+            "Once upon a time there was a plan. It was called Project Falcon and it was secret, and then more."
+        } else {
+            "The weather is mild today."
+        };
+        if req["stream"] == json!(true) {
+            return ("text/event-stream", native_stream(text));
+        }
+        let part = json!({"type": "output_text", "text": text, "annotations": []});
+        let whole = json!({"id": "resp_w", "object": "response", "status": "completed", "model": "m",
+                           "output": [{"id": "msg_1", "type": "message", "status": "completed", "role": "assistant", "content": [part]}]});
+        ("application/json", whole.to_string().into_bytes())
+    })
+}
+
+#[test]
+fn a_pool_that_serves_responses_natively_has_its_answers_checked() {
+    let up = native_backend();
+    let pool = format!("responses = \"native\"\n{}", output("after_check", ""));
+    let proxy = Proxy::start(&policy("", &pool, &["m"], &[("s", up.url())]));
+    let ask = |input: &str, stream: bool| {
+        let r =
+            post_json(proxy.addr, "/v1/responses", &json!({"model": "m", "input": input, "stream": stream}));
+        assert_eq!(r.status, 200, "{}", r.text());
+        r
+    };
+    let events = |r: &Resp| -> Vec<Value> {
+        sse(&r.text()).0.iter().filter_map(|d| serde_json::from_str(d).ok()).collect()
+    };
+    let deltas = |evs: &[Value]| -> String {
+        evs.iter()
+            .filter(|e| e["type"] == "response.output_text.delta")
+            .filter_map(|e| e["delta"].as_str())
+            .collect()
+    };
+
+    // Redaction: the deltas are masked, and so is every event that states the text again.
+    let r = ask("mail me", true);
+    assert_eq!(r.header("x-warmpath-safety"), Some("rules; input=pass; output=after_check"));
+    assert!(!r.text().contains("ann@corp.io"), "{}", r.text());
+    let evs = events(&r);
+    let masked = "Write to [EMAIL] for details and have a good day.";
+    assert_eq!(deltas(&evs), masked);
+    let of = |kind: &str| evs.iter().find(|e| e["type"] == kind).cloned().unwrap_or_default();
+    assert_eq!(of("response.output_text.done")["text"], masked);
+    assert_eq!(of("response.content_part.done")["part"]["text"], masked);
+    assert_eq!(of("response.output_item.done")["item"]["content"][0]["text"], masked);
+    assert_eq!(of("response.completed")["response"]["output"][0]["content"][0]["text"], masked);
+
+    // A block mid-stream: the text before the finding, then `response.incomplete` holding it.
+    let r = ask("tell the falcon story", true);
+    assert!(!r.text().contains("Falcon") && !r.text().contains("response.completed"), "{}", r.text());
+    let evs = events(&r);
+    let last = evs.last().expect("events");
+    assert_eq!(last["type"], "response.incomplete", "{evs:?}");
+    assert_eq!(sse(&r.text()).1.last().map(String::as_str), Some("response.incomplete"));
+    assert_eq!(last["response"]["incomplete_details"]["reason"], "content_filter");
+    assert_eq!(last["response"]["id"], "resp_n");
+    let seen = deltas(&evs);
+    assert!(seen.starts_with("Once upon"), "{seen:?}");
+    assert_eq!(last["response"]["output"][0]["content"][0]["text"], seen.as_str(), "what the client saw");
+    assert_eq!(last["response"]["output"][0]["status"], "incomplete");
+    let before = evs[evs.len() - 2]["sequence_number"].as_u64().expect("numbered");
+    assert_eq!(last["sequence_number"], before + 1);
+
+    // Whole answers: masked, or emptied and incomplete.
+    let v = ask("mail me", false).json();
+    assert_eq!(v["output"][0]["content"][0]["text"], masked, "{v}");
+    let r = ask("tell the falcon story", false);
+    assert_eq!(r.header("x-warmpath-safety"), Some("rules; input=pass; output=block"));
+    let v = r.json();
+    assert_eq!(
+        (v["status"].as_str(), v["incomplete_details"]["reason"].as_str()),
+        (Some("incomplete"), Some("content_filter"))
+    );
+    assert_eq!(v["output"][0]["content"][0]["text"], "", "{v}");
+    // A clean answer goes through as the backend wrote it.
+    let r = ask("weather?", true);
+    assert!(r.text().contains("response.completed") && r.text().contains("The weather is mild today."));
+    let m = proxy.metrics();
+    let blocks = r#"warmpath_safety_checks_total{check="rules",pool="main",stage="output",verdict="block"}"#;
+    assert_eq!(metric(&m, blocks), Some(2.0), "{m}");
 }

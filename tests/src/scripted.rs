@@ -16,6 +16,11 @@ pub struct Scripted {
 impl Scripted {
     /// Answers each request with the JSON `reply(body)` returns (status 200).
     pub fn start_with(reply: impl Fn(&[u8]) -> serde_json::Value + Send + Sync + 'static) -> Scripted {
+        Scripted::start_raw(move |body| ("application/json", reply(body).to_string().into_bytes()))
+    }
+
+    /// Answers each request with status 200, the content type and body `reply(body)` returns.
+    pub fn start_raw(reply: impl Fn(&[u8]) -> (&'static str, Vec<u8>) + Send + Sync + 'static) -> Scripted {
         let listener = TcpListener::bind("127.0.0.1:0").expect("bind");
         let addr = listener.local_addr().expect("addr");
         let bodies = Arc::new(Mutex::new(Vec::new()));
@@ -31,15 +36,15 @@ impl Scripted {
                     let out = if head.starts_with("GET ") {
                         b"HTTP/1.1 200 OK\r\ncontent-length: 0\r\n\r\n".to_vec()
                     } else {
-                        let json = reply(&body).to_string();
+                        let (content_type, text) = reply(&body);
                         h3.lock().expect("lock").push(head);
                         b3.lock().expect("lock").push(body);
                         let mut o = format!(
-                            "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n",
-                            json.len()
+                            "HTTP/1.1 200 OK\r\ncontent-type: {content_type}\r\ncontent-length: {}\r\n\r\n",
+                            text.len()
                         )
                         .into_bytes();
-                        o.extend_from_slice(json.as_bytes());
+                        o.extend_from_slice(&text);
                         o
                     };
                     if conn.write_all(&out).is_err() {

@@ -49,7 +49,7 @@ use crate::tools::search::SearchPlan;
 use cached::Lookup;
 use gate::InputGate;
 use refusal::Refused;
-use release::OutputRelease;
+use release::{OutputRelease, Shape};
 
 /// Runs one LLM request whose body is read: its answer, or its error in the OpenAI shape, goes
 /// to `down`.
@@ -121,14 +121,19 @@ async fn admitted(
         }
     }
     let mut gate = InputGate::new(down, input.pending.take(), &safety.names);
-    let output = safety.checks_output() && parsed.route != LlmRoute::Responses;
+    let output = safety.checks_output() && parsed.route != LlmRoute::Embeddings;
     // Where the rules redacted, the stages read the rewritten body.
     let redacted = input.body.take().map(Bytes::from);
     let reparsed = redacted.as_ref().and_then(|b| Some((LlmRequest::parse(parsed.route, b).ok()?, b)));
     let (parsed, body) = reparsed.unwrap_or((parsed, body));
     if output {
-        let completion = parsed.route == LlmRoute::Completions;
-        let mut release = OutputRelease::new(&mut gate, safety, input.turns.clone(), completion);
+        let shape = match parsed.route {
+            LlmRoute::Completions => Shape::Completion,
+            // Only a pool that serves Responses natively is sent Responses requests.
+            LlmRoute::Responses => Shape::Responses,
+            _ => Shape::Chat,
+        };
+        let mut release = OutputRelease::new(&mut gate, safety, input.turns.clone(), shape);
         stages(state, pool, &mut release, ctx, parsed, body, head).await?;
         let _ = release.finish().await;
     } else {

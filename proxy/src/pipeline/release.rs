@@ -42,12 +42,26 @@ enum Mode {
     Whole(Box<ResponseHeader>, BytesMut),
 }
 
+/// What an answer is: the shape of its chunks, its whole form, and how a cut ends it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Shape {
+    Chat,
+    Completion,
+    /// A backend's own Responses answer (a `responses = "native"` pool): events, or a
+    /// response object.
+    Responses,
+}
+
 /// An event of the stream not yet released.
 struct Held {
     bytes: Bytes,
     window: u64,
     tokens: usize,
     pieces: Vec<HeldPiece>,
+    /// Responses: the event's `sequence_number`, and the event itself where it is not a delta
+    /// (it may state texts again, open or close an item, or carry the response object).
+    seq: Option<u64>,
+    note: Option<Value>,
 }
 
 /// A text piece of a held event: its choice, its place, where it sits in the choice's whole
@@ -92,7 +106,7 @@ pub(super) struct OutputRelease<'d> {
     inner: &'d mut dyn Downstream,
     safety: &'d Safety,
     context: Arc<Vec<Turn>>,
-    completion: bool,
+    shape: Shape,
     mode: Mode,
     events: sse::Splitter,
     held: VecDeque<Held>,
@@ -103,8 +117,13 @@ pub(super) struct OutputRelease<'d> {
     choices: BTreeMap<u32, ChoiceText>,
     /// Spans to mask, per choice, as events are released.
     masks: BTreeMap<u32, Vec<Mask>>,
-    /// Per choice, the text released (remembered as passed once the answer is).
-    released: BTreeMap<u32, String>,
+    /// Per choice and place, the text released (remembered as passed once the answer is).
+    released: BTreeMap<(u32, Loc), String>,
+    /// Responses: the response object as the stream began it, the output items opened (and
+    /// whether done) and the last event number, as released.
+    response: Option<Value>,
+    items: BTreeMap<u32, (Value, bool)>,
+    last_seq: Option<u64>,
     /// A window passed only because a check failed open: the answer is not remembered.
     unsure: bool,
     judging: VecDeque<Judging>,
@@ -121,13 +140,13 @@ impl<'d> OutputRelease<'d> {
         inner: &'d mut dyn Downstream,
         safety: &'d Safety,
         context: Arc<Vec<Turn>>,
-        completion: bool,
+        shape: Shape,
     ) -> OutputRelease<'d> {
         OutputRelease {
             inner,
             safety,
             context,
-            completion,
+            shape,
             mode: Mode::Start,
             events: sse::Splitter::default(),
             held: VecDeque::new(),
@@ -137,6 +156,9 @@ impl<'d> OutputRelease<'d> {
             choices: BTreeMap::new(),
             masks: BTreeMap::new(),
             released: BTreeMap::new(),
+            response: None,
+            items: BTreeMap::new(),
+            last_seq: None,
             unsure: false,
             judging: VecDeque::new(),
             passed: 0,
@@ -173,13 +195,21 @@ impl<'d> OutputRelease<'d> {
                 c.pieces.push((start, p.text.clone()));
                 pieces.push(HeldPiece { choice: p.choice, loc: p.loc, start, end: c.len, text: p.text });
             }
-            if value.as_ref().is_some_and(|v| v.get("choices").is_some()) {
+            let (mut seq, mut note) = (None, None);
+            if self.shape == Shape::Responses {
+                seq = value.as_ref().and_then(|v| v.get("sequence_number")).and_then(Value::as_u64);
+                let kind = value.as_ref().and_then(|v| v.get("type")).and_then(Value::as_str);
+                if !kind.is_some_and(|k| k.ends_with(".delta")) {
+                    note = value;
+                }
+            } else if value.as_ref().is_some_and(|v| v.get("choices").is_some()) {
                 self.last_chunk = value;
             }
             let tokens = usize::from(!pieces.is_empty());
             self.tokens += tokens;
             self.held_tokens += tokens;
-            self.held.push_back(Held { bytes: Bytes::from(raw), window: self.seq, tokens, pieces });
+            let window = self.seq;
+            self.held.push_back(Held { bytes: Bytes::from(raw), window, tokens, pieces, seq, note });
             if self.tokens >= self.safety.output.window_tokens || !carried.finished.is_empty() {
                 self.close_window(false);
             }
@@ -274,12 +304,14 @@ impl<'d> OutputRelease<'d> {
                 }
                 text
             });
-            if matches!(p.loc, Loc::Content | Loc::Text) {
-                self.released.entry(p.choice).or_default().push_str(new.as_deref().unwrap_or(&p.text));
-            }
+            self.released.entry((p.choice, p.loc)).or_default().push_str(new.as_deref().unwrap_or(&p.text));
             if let Some(text) = new {
                 changed.push((p, text));
             }
+        }
+        self.last_seq = h.seq.or(self.last_seq);
+        if let Some(v) = h.note {
+            return self.noted(h.bytes, v);
         }
         if changed.is_empty() {
             return h.bytes;
@@ -289,6 +321,35 @@ impl<'d> OutputRelease<'d> {
         for (p, text) in changed {
             texts::put(&mut v, p.choice, p.loc, text);
         }
+        Bytes::from(format!("{head}data: {v}\n\n"))
+    }
+
+    /// A Responses event that is not a delta, as it goes out: the response object and the
+    /// output items remembered (for a cut's ending), and texts it states again written as the
+    /// client was shown them where a mask changed them.
+    fn noted(&mut self, bytes: Bytes, mut v: Value) -> Bytes {
+        let masked: Vec<u32> =
+            self.masks.iter().filter(|(_, ms)| ms.iter().any(|m| m.placed)).map(|(c, _)| *c).collect();
+        let released = &self.released;
+        let shown = |choice: u32, loc: Loc| -> Option<String> {
+            masked.contains(&choice).then(|| released.get(&(choice, loc)).cloned().unwrap_or_default())
+        };
+        let changed = !masked.is_empty() && texts::restate(&mut v, &shown);
+        let kind = v.get("type").and_then(Value::as_str).unwrap_or("");
+        let index = v.get("output_index").and_then(Value::as_u64).unwrap_or(0) as u32;
+        match kind {
+            "response.created" | "response.in_progress" => self.response = v.get("response").cloned(),
+            "response.output_item.added" | "response.output_item.done" => {
+                if let Some(item) = v.get("item") {
+                    self.items.insert(index, (item.clone(), kind.ends_with("done")));
+                }
+            }
+            _ => {}
+        }
+        if !changed {
+            return bytes;
+        }
+        let Some((head, _)) = split_data(&bytes) else { return bytes };
         Bytes::from(format!("{head}data: {v}\n\n"))
     }
 
@@ -332,6 +393,8 @@ impl<'d> OutputRelease<'d> {
         let lag = self.safety.output.lag_tokens;
         while let Some(front) = self.held.front() {
             let go = match self.safety.output.release {
+                // After a block, only what passed before it.
+                _ if self.blocked => front.window < self.passed,
                 Release::Stream => true,
                 Release::AfterCheck => front.window < self.passed,
                 Release::Buffered => front.window < self.passed || self.held_tokens > lag,
@@ -354,15 +417,30 @@ impl<'d> OutputRelease<'d> {
         }
         self.closed = true;
         self.held.clear();
-        let choices: Vec<u32> = self.choices.keys().copied().collect();
-        let chunk = texts::cut_chunk(self.last_chunk.as_ref(), &choices, self.completion);
-        let out = format!("data: {chunk}\n\ndata: [DONE]\n\n");
+        let out = if self.shape == Shape::Responses {
+            let released = &self.released;
+            let shown = |choice: u32, loc: Loc| released.get(&(choice, loc)).cloned();
+            let output = std::mem::take(&mut self.items)
+                .into_iter()
+                .map(|(i, (item, done))| if done { item } else { texts::partial_item(item, i, &shown) })
+                .collect();
+            let event = texts::cut_response(self.response.as_ref(), output, self.last_seq);
+            format!("event: response.incomplete\ndata: {event}\n\n")
+        } else {
+            let choices: Vec<u32> = self.choices.keys().copied().collect();
+            let completion = self.shape == Shape::Completion;
+            let chunk = texts::cut_chunk(self.last_chunk.as_ref(), &choices, completion);
+            format!("data: {chunk}\n\ndata: [DONE]\n\n")
+        };
         self.inner.write_response_body(Some(Bytes::from(out)), true).await
     }
 
     /// Called once the forwarding is over: a stream stopped by a verdict gets its ending.
     pub async fn finish(&mut self) -> pingora::Result<()> {
-        if self.blocked && matches!(self.mode, Mode::Stream) {
+        if self.blocked && matches!(self.mode, Mode::Stream) && !self.closed {
+            if let Some(out) = self.releasable() {
+                self.inner.write_response_body(Some(out), false).await?;
+            }
             return self.write_cut().await;
         }
         Ok(())
@@ -395,7 +473,7 @@ impl<'d> OutputRelease<'d> {
             for (p, spans) in pieces.iter().zip(&j.redact) {
                 let masked = (!spans.is_empty())
                     .then(|| texts::mask(&p.text, 0, spans, &mut vec![false; spans.len()]));
-                if matches!(p.loc, Loc::Content | Loc::Text) {
+                if p.loc.is_text() {
                     per_choice.entry(p.choice).or_default().push_str(masked.as_deref().unwrap_or(&p.text));
                 }
                 if let Some(text) = masked {
@@ -490,6 +568,8 @@ impl Downstream for OutputRelease<'_> {
                     window: self.seq,
                     tokens: 0,
                     pieces: Vec::new(),
+                    seq: None,
+                    note: None,
                 });
             }
             self.close_window(true);
@@ -500,6 +580,11 @@ impl Downstream for OutputRelease<'_> {
             }
         }
         if self.settle() {
+            // What passed before the blocking window (one read may carry several) goes out
+            // first.
+            if let Some(out) = self.releasable() {
+                self.inner.write_response_body(Some(out), false).await?;
+            }
             self.write_cut().await?;
             return Err(Self::stopped_error());
         }
@@ -508,7 +593,13 @@ impl Downstream for OutputRelease<'_> {
         }
         if end {
             self.closed = true;
-            let texts: Vec<String> = std::mem::take(&mut self.released).into_values().collect();
+            let mut per_choice: BTreeMap<u32, String> = BTreeMap::new();
+            for ((choice, loc), text) in std::mem::take(&mut self.released) {
+                if loc.is_text() {
+                    per_choice.entry(choice).or_default().push_str(&text);
+                }
+            }
+            let texts: Vec<String> = per_choice.into_values().collect();
             if !self.unsure {
                 self.safety.passed_output(&texts);
             }

@@ -41,6 +41,8 @@ pub struct Builder {
     /// The request's fields echoed in the response object, serialized once (`"model":…,`
     /// without braces): with a hundred tools they are most of each response object.
     echo: String,
+    /// The request's `metadata`, with warmpath's own notes added (`warmpath_safety`).
+    metadata: Value,
     seq: u64,
     items: Vec<Item>,
     usage: Option<Value>,
@@ -60,7 +62,6 @@ impl Builder {
         echo.insert("temperature".into(), json!(req.temperature.unwrap_or(1.0)));
         echo.insert("top_p".into(), json!(req.top_p.unwrap_or(1.0)));
         echo.insert("store".into(), json!(req.store));
-        echo.insert("metadata".into(), req.metadata.clone().unwrap_or(json!({})));
         echo.insert("text".into(), req.text.clone().unwrap_or(json!({"format": {"type": "text"}})));
         echo.insert("prompt_cache_key".into(), json!(req.prompt_cache_key));
         echo.insert("user".into(), json!(req.user));
@@ -72,7 +73,26 @@ impl Builder {
         let echo = text[1..].to_owned();
         let created_at =
             std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs());
-        Builder { id, created_at, echo, seq: 0, items: Vec::new(), usage: None, finish: None, outcome: None }
+        let metadata = req.metadata.clone().filter(Value::is_object).unwrap_or(json!({}));
+        Builder {
+            id,
+            created_at,
+            echo,
+            metadata,
+            seq: 0,
+            items: Vec::new(),
+            usage: None,
+            finish: None,
+            outcome: None,
+        }
+    }
+
+    /// Adds `key` to the response's `metadata` (where a WebSocket client, which has no response
+    /// headers, reads what `x-warmpath-*` headers say over HTTP).
+    pub fn note(&mut self, key: &str, value: &str) {
+        if let Some(m) = self.metadata.as_object_mut() {
+            m.insert(key.to_owned(), json!(value));
+        }
     }
 
     fn event(&mut self, kind: &'static str, mut fields: Map<String, Value>) -> Event {
@@ -113,6 +133,7 @@ impl Builder {
         o.insert("incomplete_details".into(), incomplete);
         o.insert("output".into(), Value::Array(self.items.iter().map(|i| i.value(item_status)).collect()));
         o.insert("usage".into(), self.usage.clone().unwrap_or(Value::Null));
+        o.insert("metadata".into(), self.metadata.clone());
         let mut text = Value::Object(o).to_string();
         text.pop();
         text.push(',');

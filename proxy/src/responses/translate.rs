@@ -271,6 +271,10 @@ impl Downstream for Translator<'_> {
         };
         if status == 200 && !self.started {
             self.started = true;
+            // The checks that ran, in the response itself (a WebSocket has no headers).
+            if let Some(v) = header.headers.get("x-warmpath-safety").and_then(|v| v.to_str().ok()) {
+                self.builder.note("warmpath_safety", v);
+            }
             self.sink.begin(&self.headers).await?;
             let start = self.builder.start();
             self.sink.events(start, false).await?;

@@ -148,7 +148,7 @@ pub fn rewrite_body(
 }
 
 /// Where an answer's text piece sits in its JSON.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 pub enum Loc {
     /// A chat chunk's `delta.content`, a whole answer's `message.content`.
     Content,
@@ -156,6 +156,19 @@ pub enum Loc {
     Text,
     /// The `arguments` of tool call `k` (by position in the list).
     Args(usize),
+    /// Responses: the text of output item `choice`'s content part `k` (an `output_text`; an
+    /// `output_text.delta` event's `delta`).
+    Part(u32),
+    /// Responses: the `arguments` of output item `choice`, a `function_call` (a
+    /// `function_call_arguments.delta` event's `delta`).
+    Arguments,
+}
+
+impl Loc {
+    /// The answer's text (not a tool call's arguments).
+    pub fn is_text(self) -> bool {
+        matches!(self, Loc::Content | Loc::Text | Loc::Part(_))
+    }
 }
 
 /// One piece of an answer's text: its choice, its place, the text.
@@ -175,9 +188,23 @@ pub struct Carried {
 }
 
 /// The text pieces of a chat or completion chunk, or of a whole answer (`message` in place of
-/// `delta`).
+/// `delta`); of a Responses stream event, or of a whole response object (`output`), where each
+/// output item is a choice.
 pub fn pieces(v: &Value) -> Carried {
+    if let Some(kind) = v.get("type").and_then(Value::as_str) {
+        return event_pieces(kind, v);
+    }
     let mut out = Carried::default();
+    if let Some(items) = v.get("output").and_then(Value::as_array) {
+        for (i, item) in items.iter().enumerate() {
+            item_pieces(item, &mut |loc, text| {
+                if !text.is_empty() {
+                    out.pieces.push(Piece { choice: i as u32, loc, text: text.to_owned() });
+                }
+            });
+        }
+        return out;
+    }
     let Some(choices) = v.get("choices").and_then(Value::as_array) else { return out };
     for (pos, c) in choices.iter().enumerate() {
         let choice = c.get("index").and_then(Value::as_u64).unwrap_or(pos as u64) as u32;
@@ -201,8 +228,76 @@ pub fn pieces(v: &Value) -> Carried {
     out
 }
 
-/// Puts `text` back at `loc` of choice `choice` in a chunk or whole answer.
+/// A Responses stream event's output item (`output_index`) and content part (`content_index`).
+fn event_place(v: &Value) -> (u32, u32) {
+    let n = |k: &str| v.get(k).and_then(Value::as_u64).unwrap_or(0) as u32;
+    (n("output_index"), n("content_index"))
+}
+
+/// A Responses stream event's text: the deltas of output text and of call arguments; an item
+/// done, or the response done, finishes.
+fn event_pieces(kind: &str, v: &Value) -> Carried {
+    let mut out = Carried::default();
+    let (item, part) = event_place(v);
+    let loc = match kind {
+        "response.output_text.delta" => Loc::Part(part),
+        "response.function_call_arguments.delta" => Loc::Arguments,
+        "response.output_item.done" => {
+            out.finished.push(item);
+            return out;
+        }
+        "response.completed" | "response.incomplete" | "response.failed" => {
+            out.finished.push(item);
+            return out;
+        }
+        _ => return out,
+    };
+    if let Some(t) = v.get("delta").and_then(Value::as_str).filter(|t| !t.is_empty()) {
+        out.pieces.push(Piece { choice: item, loc, text: t.to_owned() });
+    }
+    out
+}
+
+/// The texts of Responses output item `item` (a message's `output_text` parts, a function
+/// call's arguments), each with its place.
+fn item_pieces(v: &Value, f: &mut dyn FnMut(Loc, &str)) {
+    match v.get("type").and_then(Value::as_str) {
+        Some("message") => {
+            for (k, part) in v.get("content").and_then(Value::as_array).into_iter().flatten().enumerate() {
+                if part.get("type").and_then(Value::as_str) == Some("output_text") {
+                    f(Loc::Part(k as u32), part.get("text").and_then(Value::as_str).unwrap_or(""));
+                }
+            }
+        }
+        Some("function_call") => f(Loc::Arguments, v.get("arguments").and_then(Value::as_str).unwrap_or("")),
+        _ => {}
+    }
+}
+
+/// The slot of `loc` in Responses output item `v`.
+fn item_slot(v: &mut Value, loc: Loc) -> Option<&mut Value> {
+    match loc {
+        Loc::Part(k) => v.get_mut("content")?.get_mut(k as usize)?.get_mut("text"),
+        Loc::Arguments => v.get_mut("arguments"),
+        _ => None,
+    }
+}
+
+/// Puts `text` back at `loc` of choice `choice` in a chunk or whole answer (a Responses event's
+/// `delta`, a response object's output item).
 pub fn put(v: &mut Value, choice: u32, loc: Loc, text: String) {
+    if v.get("type").is_some_and(Value::is_string) {
+        if let Some(slot) = v.get_mut("delta") {
+            *slot = Value::String(text);
+        }
+        return;
+    }
+    if let Some(items) = v.get_mut("output").and_then(Value::as_array_mut) {
+        if let Some(slot) = items.get_mut(choice as usize).and_then(|i| item_slot(i, loc)) {
+            *slot = Value::String(text);
+        }
+        return;
+    }
     let Some(choices) = v.get_mut("choices").and_then(Value::as_array_mut) else { return };
     for (pos, c) in choices.iter_mut().enumerate() {
         if c.get("index").and_then(Value::as_u64).unwrap_or(pos as u64) as u32 != choice {
@@ -217,12 +312,91 @@ pub fn put(v: &mut Value, choice: u32, loc: Loc, text: String) {
                 .and_then(|m| m.get_mut("tool_calls"))
                 .and_then(|t| t.get_mut(k))
                 .and_then(|t| t.pointer_mut("/function/arguments")),
+            Loc::Part(_) | Loc::Arguments => None,
         };
         if let Some(slot) = slot {
             *slot = Value::String(text);
         }
         return;
     }
+}
+
+/// What the client was shown of output item `item` at `loc`, where that differs from what the
+/// backend wrote (masked).
+pub type Shown<'a> = &'a dyn Fn(u32, Loc) -> Option<String>;
+
+/// A Responses event that states whole texts again (a part, an item or the response done) with
+/// each text `shown` gives in place of the backend's; true when it changed.
+pub fn restate(v: &mut Value, shown: Shown<'_>) -> bool {
+    let kind = v.get("type").and_then(Value::as_str).unwrap_or("").to_owned();
+    let (item, part) = event_place(v);
+    let set = |slot: Option<&mut Value>, loc: Loc| match (slot, shown(item, loc)) {
+        (Some(slot), Some(text)) => {
+            *slot = Value::String(text);
+            true
+        }
+        _ => false,
+    };
+    match kind.as_str() {
+        "response.output_text.done" => set(v.get_mut("text"), Loc::Part(part)),
+        "response.content_part.done" => set(v.pointer_mut("/part/text"), Loc::Part(part)),
+        "response.function_call_arguments.done" => set(v.get_mut("arguments"), Loc::Arguments),
+        "response.output_item.done" => v.get_mut("item").is_some_and(|i| restate_item(i, item, shown)),
+        "response.completed" | "response.incomplete" | "response.failed" => {
+            let items = v.pointer_mut("/response/output").and_then(Value::as_array_mut);
+            items
+                .into_iter()
+                .flatten()
+                .enumerate()
+                .fold(false, |acc, (i, it)| restate_item(it, i as u32, shown) | acc)
+        }
+        _ => false,
+    }
+}
+
+/// Output item `v` (number `item`) with each text `shown` gives; true when it changed.
+fn restate_item(v: &mut Value, item: u32, shown: Shown<'_>) -> bool {
+    let mut locs = Vec::new();
+    item_pieces(v, &mut |loc, _| locs.push(loc));
+    let mut any = false;
+    for loc in locs {
+        if let (Some(text), Some(slot)) = (shown(item, loc), item_slot(v, loc)) {
+            *slot = Value::String(text);
+            any = true;
+        }
+    }
+    any
+}
+
+/// An output item the client saw only in part, as a cut leaves it: what was `shown` of its text
+/// (a message gets its first part), status `incomplete`.
+pub fn partial_item(mut v: Value, item: u32, shown: Shown<'_>) -> Value {
+    if v.get("type").and_then(Value::as_str) == Some("message")
+        && v.get("content").and_then(Value::as_array).is_none_or(Vec::is_empty)
+    {
+        v["content"] = serde_json::json!([{"type": "output_text", "text": "", "annotations": []}]);
+    }
+    let mut locs = Vec::new();
+    item_pieces(&v, &mut |loc, _| locs.push(loc));
+    for loc in locs {
+        let text = shown(item, loc).unwrap_or_default();
+        if let Some(slot) = item_slot(&mut v, loc) {
+            *slot = Value::String(text);
+        }
+    }
+    v["status"] = Value::String("incomplete".into());
+    v
+}
+
+/// The event that ends a Responses stream cut by an output check: `response.incomplete` with
+/// reason `content_filter`, the response object as the stream began it (`response`) with the
+/// output items the client saw, numbered after the last event released.
+pub fn cut_response(response: Option<&Value>, output: Vec<Value>, seq: Option<u64>) -> Value {
+    let mut r = response.cloned().unwrap_or_else(|| serde_json::json!({"object": "response"}));
+    r["status"] = Value::String("incomplete".into());
+    r["incomplete_details"] = serde_json::json!({"reason": "content_filter"});
+    r["output"] = Value::Array(output);
+    serde_json::json!({"type": "response.incomplete", "sequence_number": seq.map_or(0, |s| s + 1), "response": r})
 }
 
 /// A piece of text that starts at `offset` of its window, with the parts of `spans` (window
@@ -251,8 +425,24 @@ pub fn mask(text: &str, offset: usize, spans: &[(usize, usize, String)], placed:
 }
 
 /// A whole answer cut by an output check: each choice's text emptied (tool calls dropped) and
-/// its finish reason `content_filter`.
+/// its finish reason `content_filter`; a response object `incomplete` for `content_filter`,
+/// its messages' texts emptied and its calls dropped.
 pub fn filter_whole(v: &mut Value) {
+    if let Some(items) = v.get_mut("output").and_then(Value::as_array_mut) {
+        items.retain(|i| i.get("type").and_then(Value::as_str) != Some("function_call"));
+        for item in items.iter_mut() {
+            let mut locs = Vec::new();
+            item_pieces(item, &mut |loc, _| locs.push(loc));
+            for loc in locs {
+                if let Some(slot) = item_slot(item, loc) {
+                    *slot = Value::String(String::new());
+                }
+            }
+        }
+        v["status"] = Value::String("incomplete".into());
+        v["incomplete_details"] = serde_json::json!({"reason": "content_filter"});
+        return;
+    }
     let Some(choices) = v.get_mut("choices").and_then(Value::as_array_mut) else { return };
     for c in choices {
         if c.get("text").is_some() {
