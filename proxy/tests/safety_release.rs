@@ -485,3 +485,15 @@ fn a_pool_that_serves_responses_natively_has_its_answers_checked() {
     let blocks = r#"warmpath_safety_checks_total{check="rules",pool="main",stage="output",verdict="block"}"#;
     assert_eq!(metric(&m, blocks), Some(2.0), "{m}");
 }
+
+#[test]
+fn time_to_first_token_counts_what_the_release_held() {
+    // after_check releases nothing before the first window (4 tokens, 40 ms apart) is judged:
+    // the client's first byte comes at least three token gaps after the backend's.
+    let s = setup(&output("after_check", ""), &["--sim-itl-ms", "40"]);
+    let (text, _, _, _) = stream(&s.proxy, "weather?");
+    assert!(text.starts_with("The weather"), "{text:?}");
+    let m = s.proxy.metrics();
+    let ttft = metric(&m, r#"warmpath_ttft_seconds_sum{route="chat_completions"}"#).expect("observed");
+    assert!(ttft >= 0.12, "the TTFT warmpath reports includes the hold: {ttft}");
+}

@@ -5,6 +5,8 @@
 //! backend call at once (the backend frees its KV as on a client disconnect) — and the pipeline
 //! then answers the client with the refusal.
 
+use std::time::Instant;
+
 use async_trait::async_trait;
 use bytes::Bytes;
 use pingora::http::ResponseHeader;
@@ -19,13 +21,16 @@ pub(super) struct InputGate<'d> {
     decision: Option<Decision>,
     /// The checks' names, the front of `x-warmpath-safety`.
     names: &'d str,
+    /// When the client got the first bytes of the body (what the release policy held back is
+    /// not sent until it lets go of it).
+    first_sent: Option<Instant>,
 }
 
 impl<'d> InputGate<'d> {
     /// `pending` is the verdict to wait for (none: the input already passed).
     pub fn new(inner: &'d mut dyn Downstream, pending: Option<Pending>, names: &'d str) -> InputGate<'d> {
         let decision = pending.is_none().then_some(Decision::Pass);
-        InputGate { inner, pending, decision, names }
+        InputGate { inner, pending, decision, names, first_sent: None }
     }
 
     async fn decide(&mut self) -> &Decision {
@@ -42,6 +47,11 @@ impl<'d> InputGate<'d> {
     /// The input's verdict, waiting for it.
     pub async fn verdict(&mut self) -> Decision {
         self.decide().await.clone()
+    }
+
+    /// When the client got the first bytes of the answer's body.
+    pub fn first_sent(&self) -> Option<Instant> {
+        self.first_sent
     }
 
     /// The client, for the refusal.
@@ -78,7 +88,12 @@ impl Downstream for InputGate<'_> {
         if self.decide().await.blocks() {
             return Err(Self::refused());
         }
-        self.inner.write_response_body(body, end).await
+        let some = body.as_ref().is_some_and(|b| !b.is_empty());
+        self.inner.write_response_body(body, end).await?;
+        if some {
+            self.first_sent.get_or_insert_with(Instant::now);
+        }
+        Ok(())
     }
 
     async fn gone(&mut self) {

@@ -139,6 +139,8 @@ async fn admitted(
     } else {
         stages(state, pool, &mut gate, ctx, parsed, body, head).await?;
     }
+    // TTFT is what the client waited: held text counts from its release.
+    ctx.first_byte = gate.first_sent();
     let d = gate.verdict().await;
     if d.blocks() {
         return refuse(state, gate.into_inner(), ctx, safety, &refused, &d).await;
