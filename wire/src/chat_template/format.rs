@@ -121,11 +121,14 @@ impl ChatFormat {
         t.render(&msgs, tools.as_deref(), add_generation_prompt, None)
     }
 
-    /// A raw completion prompt's token ids (special-token strings are text).
+    /// A raw completion prompt's token ids. Special-token strings in it are the special tokens,
+    /// as vLLM (Hugging Face tokenizers split on added tokens) and llama.cpp's server
+    /// (`parse_special`) read a completion prompt: a prompt rendered from a chat template by the
+    /// client (a guard model's classifier prompt) reaches the model as the template meant it.
     pub fn prompt_ids(&self, text: &str) -> Vec<u32> {
         let mut ids = Vec::with_capacity(text.len() / 3 + 1);
         ids.extend(self.bos);
-        ids.extend(self.tokenizer.encode(text));
+        ids.extend(self.tokenizer.encode_with_special(text));
         ids
     }
 

@@ -96,4 +96,6 @@ fn the_smollm2_chat_format_renders_its_template() {
     // Digits are split one by one (the `smollm` pre-tokenizer).
     let digits = f.tokenizer.encode("12 + 30");
     assert_eq!(f.tokenizer.decode(&digits[..1]).expect("decodes"), "1");
+    // A completion prompt rendered by the client: its special-token strings are the tokens.
+    assert_eq!(f.prompt_ids(&text), ids, "as the template renders it");
 }
