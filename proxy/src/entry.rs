@@ -14,6 +14,8 @@ use pingora::upstreams::peer::HttpPeer;
 use pingora::{Error, ErrorType, Result};
 use warmpath_wire::openai::ApiError;
 
+use crate::config::HalfClose;
+use crate::limits::framing;
 use crate::pipeline::cached::finish_recording;
 use crate::pipeline::respond::send_error;
 use crate::request::LlmRoute;
@@ -57,12 +59,28 @@ impl ProxyHttp for WarmpathProxy {
     }
 
     async fn early_request_filter(&self, session: &mut Session, _ctx: &mut RequestCtx) -> Result<()> {
+        if self.state.cfg.limits.client_half_close == HalfClose::Answer {
+            session.set_abort_on_close(false);
+        }
         crate::limits::headers_done(session);
+        // A client may send its next request before it has read this answer (HTTP/1.1
+        // pipelining): its bytes are kept for the next request, which is answered after this
+        // one, rather than read as a disconnect.
+        session.set_pipelining_enabled(true);
         Ok(())
     }
 
     async fn request_filter(&self, session: &mut Session, ctx: &mut RequestCtx) -> Result<bool> {
         let state = &self.state;
+        if let Some(e) = framing::refused(session.req_header(), state.cfg.limits.max_header_bytes) {
+            // The body's extent is in doubt: nothing after this answer is read as a request.
+            session.set_keepalive(None);
+            let reason = if e.status == 431 { "header_too_large" } else { "bad_framing" };
+            state.metrics.rejections.with_label_values(&[reason]).inc();
+            ctx.status = e.status;
+            send_error(session, &e, &[]).await?;
+            return Ok(true);
+        }
         let route = route_of(session.req_header());
         if !matches!(route, Route::Llm(_) | Route::WebSocket) {
             // Only LLM routes read the body; any other answer must not strand one.

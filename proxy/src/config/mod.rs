@@ -92,6 +92,22 @@ pub struct LimitsConfig {
     pub header_read_timeout_ms: u64,
     /// Time to receive the whole request body once the headers are in (408 past it).
     pub body_read_timeout_ms: u64,
+    /// Largest request header (request line and every field) in bytes; larger ones get 431.
+    pub max_header_bytes: usize,
+    /// What a client that half-closes its socket after sending a request gets.
+    pub client_half_close: HalfClose,
+}
+
+/// A client half-closed its connection (sent FIN) while its request is answered.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum HalfClose {
+    /// Taken as the client leaving: the backend call is cancelled (nginx's 499, and what vLLM
+    /// does), so a client that closes its socket frees the GPU at once.
+    Cancel,
+    /// Answered (RFC 9112 §9.6): the client still reads; a client that is really gone is
+    /// noticed when a write to it fails, so a whole answer is computed to the end.
+    Answer,
 }
 
 impl Default for LimitsConfig {
@@ -100,6 +116,8 @@ impl Default for LimitsConfig {
             max_body_bytes: 32 << 20,
             header_read_timeout_ms: 10_000,
             body_read_timeout_ms: 60_000,
+            max_header_bytes: 32 << 10,
+            client_half_close: HalfClose::Cancel,
         }
     }
 }

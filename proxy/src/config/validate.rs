@@ -73,6 +73,7 @@ pub fn validate(cfg: &Config) -> Result<(), Invalid> {
     positive(limits.key("max_body_bytes"), cfg.limits.max_body_bytes as u64)?;
     positive(limits.key("header_read_timeout_ms"), cfg.limits.header_read_timeout_ms)?;
     positive(limits.key("body_read_timeout_ms"), cfg.limits.body_read_timeout_ms)?;
+    positive(limits.key("max_header_bytes"), cfg.limits.max_header_bytes as u64)?;
     let up = root.key("upstream");
     positive(up.key("connect_timeout_ms"), cfg.upstream.connect_timeout_ms)?;
     positive(up.key("idle_timeout_ms"), cfg.upstream.idle_timeout_ms)?;

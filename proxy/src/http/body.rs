@@ -24,7 +24,13 @@ pub async fn read_client_body(
             Ok(Some(b))
         }
         Err(BodyError::Reject(e)) => {
-            let reason = if e.status == 413 { "too_large" } else { "body_timeout" };
+            let reason = match e.status {
+                413 => "too_large",
+                408 => "body_timeout",
+                _ => "bad_framing",
+            };
+            // The body was not read to its end: the connection cannot carry another request.
+            session.set_keepalive(None);
             let down: &mut dyn Downstream = session;
             pipeline::reject(state, down, ctx, &e, reason).await.map(|()| None)
         }
@@ -43,6 +49,22 @@ pub enum BodyError {
     Reject(ApiError),
     /// The client broke the connection; there is no one to answer.
     ClientGone,
+}
+
+/// A failed body read: the client gone (a read failed or the connection closed), or a body
+/// that is not well framed (a malformed chunk), which gets 400 at once.
+fn body_error(e: &pingora::Error) -> BodyError {
+    use pingora::ErrorType::{ConnectionClosed, ReadError, ReadTimedout};
+    match e.etype() {
+        ReadError | ConnectionClosed | ReadTimedout => BodyError::ClientGone,
+        _ => BodyError::Reject(
+            ApiError::invalid_request(format!(
+                "the request body is malformed: {}",
+                e.context.as_ref().map_or(e.reason_str(), |c| c.as_str())
+            ))
+            .with_code("bad_framing"),
+        ),
+    }
 }
 
 /// The body length the client declared in `Content-Length`, if it did.
@@ -84,7 +106,7 @@ pub async fn read_body(session: &mut Session, limit: usize, deadline: Duration) 
     }
     let mut buf = BytesMut::with_capacity(declared.unwrap_or(0).min(limit as u64) as usize);
     let read = async {
-        while let Some(chunk) = session.read_request_body().await.map_err(|_| BodyError::ClientGone)? {
+        while let Some(chunk) = session.read_request_body().await.map_err(|e| body_error(&e))? {
             if buf.len() + chunk.len() > limit {
                 return Err(BodyError::Reject(ApiError::too_large(limit)));
             }
