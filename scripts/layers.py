@@ -15,7 +15,7 @@ LAYERS = [
     ["config", "request", "observe"],          # foundations: plain data, the parsed request, metrics
     ["limits", "upstream"],                    # connection-level limits, connections to backends
     ["tools", "safety"],                       # deferred tool discovery, safety checks (pure)
-    ["canon", "cache", "session", "route", "embedded"],  # the stages, each owning its state
+    ["canon", "cache", "session", "route", "embedded", "auth"],  # the stages, each owning its state
     ["state"],                                 # shared state, pools with every stage's part, request context
     ["pipeline"],                              # one LLM request through the stages, in order
     ["responses"],                             # a Responses turn over the pipeline

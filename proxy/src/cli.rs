@@ -33,11 +33,73 @@ pub enum Command {
         #[arg(required = true)]
         files: Vec<PathBuf>,
     },
+    /// API keys (`[auth]`).
+    Keys {
+        #[command(subcommand)]
+        command: KeysCommand,
+    },
+}
+
+#[derive(Debug, Subcommand)]
+pub enum KeysCommand {
+    /// Makes a new key named NAME: prints the key (once; only its SHA-256 is stored) and
+    /// appends it to the keys file.
+    Add {
+        name: String,
+        /// The keys file; default: the policy file's `[auth] keys_file`.
+        #[arg(long)]
+        file: Option<PathBuf>,
+        /// Only these models (comma-separated); default: any.
+        #[arg(long, value_delimiter = ',')]
+        models: Option<Vec<String>>,
+    },
+}
+
+/// `warmpath keys add`.
+fn add_key(
+    config: &std::path::Path,
+    name: &str,
+    file: Option<PathBuf>,
+    models: Option<Vec<String>>,
+) -> ExitCode {
+    let file = match file {
+        Some(f) => f,
+        None => match crate::config::load(config)
+            .map(|c| c.auth.keys_file.map(|f| config.parent().unwrap_or(std::path::Path::new(".")).join(f)))
+        {
+            Ok(Some(f)) => f,
+            Ok(None) => {
+                eprintln!("{}: no [auth] keys_file; name one with --file", config.display());
+                return ExitCode::FAILURE;
+            }
+            Err(e) => {
+                eprintln!("{e}");
+                return ExitCode::FAILURE;
+            }
+        },
+    };
+    match crate::auth::keys::add(&file, name, models) {
+        Ok(key) => {
+            eprintln!(
+                "added key {name:?} to {} (only its hash is stored; this is the one time it is shown):",
+                file.display()
+            );
+            println!("{key}");
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!("warmpath keys add: {e}");
+            ExitCode::FAILURE
+        }
+    }
 }
 
 pub fn main() -> ExitCode {
     let cli = Cli::parse();
     match cli.command {
+        Some(Command::Keys { command: KeysCommand::Add { name, file, models } }) => {
+            add_key(&cli.config, &name, file, models)
+        }
         Some(Command::CheckConfig { files }) => {
             let mut ok = true;
             for f in &files {

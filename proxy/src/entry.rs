@@ -87,6 +87,27 @@ impl ProxyHttp for WarmpathProxy {
             let deadline = Duration::from_millis(state.cfg.limits.body_read_timeout_ms);
             crate::http::body::discard_small_body(session, deadline).await;
         }
+        // API keys, where `[auth]` is on: every API route (a WebSocket on its upgrade).
+        if matches!(route, Route::Llm(_) | Route::WebSocket | Route::Models) {
+            let authorization = session.req_header().headers.get(http::header::AUTHORIZATION);
+            match state.auth.authenticate(authorization.map(|v| v.as_bytes())) {
+                Ok(key) => ctx.key = key,
+                Err(e) => {
+                    state.metrics.rejections.with_label_values(&["invalid_api_key"]).inc();
+                    ctx.status = e.status;
+                    if matches!(route, Route::WebSocket) {
+                        // A refused upgrade ends the connection: the client meant to leave HTTP.
+                        session.set_keepalive(None);
+                    } else {
+                        // The body is not needed: read a small one so the connection lives on.
+                        let deadline = Duration::from_millis(state.cfg.limits.body_read_timeout_ms);
+                        crate::http::body::discard_small_body(session, deadline).await;
+                    }
+                    send_error(session, &e, &[]).await?;
+                    return Ok(true);
+                }
+            }
+        }
         let req = session.req_header();
         match route {
             Route::WebSocket => {
@@ -135,6 +156,7 @@ impl ProxyHttp for WarmpathProxy {
             (s, _) => s,
         };
         let backend = ctx.backend.as_deref().unwrap_or("none");
+        let key = ctx.key.as_deref().unwrap_or("-");
         m.requests.with_label_values(&[ctx.route, backend, &status.to_string()]).inc();
         let elapsed = ctx.start.elapsed();
         m.request_duration.with_label_values(&[ctx.route]).observe(elapsed.as_secs_f64());
@@ -148,6 +170,7 @@ impl ProxyHttp for WarmpathProxy {
             path = req.uri.path(),
             status,
             backend,
+            key,
             ms = elapsed.as_secs_f64() * 1e3,
             client_gone = ctx.client_gone,
             truncated = ctx.truncated,

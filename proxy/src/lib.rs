@@ -8,8 +8,8 @@
 //!    backends);
 //! 2. stages, each owning its state: [`tools`] (deferred tools), [`safety`] (checks),
 //!    [`canon`] (stable prefixes), [`cache`] (response cache), [`session`] (conversation
-//!    store), [`route`] (pools, policies, health, prefix index); and [`embedded`] (bundled
-//!    engine replicas);
+//!    store), [`route`] (pools, policies, health, prefix index), [`auth`] (API keys and
+//!    per-key limits); and [`embedded`] (bundled engine replicas);
 //! 3. [`state`]: the process's shared state, each pool with every stage's part, the request
 //!    context;
 //! 4. [`pipeline`]: one LLM request through the stages, in order;
@@ -18,6 +18,7 @@
 //! 7. [`entry`] (pingora's `ProxyHttp`: which entry point a request goes to), [`server`] (the
 //!    assembly: everything built from the policy file, in one place) and [`cli`].
 
+pub mod auth;
 pub mod cache;
 pub mod canon;
 pub mod cli;

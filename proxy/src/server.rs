@@ -14,6 +14,7 @@ use pingora::server::Server;
 use pingora::services::background::background_service;
 use pingora::services::listening::Service;
 
+use crate::auth::{Auth, WatchKeys};
 use crate::cache::ResponseCache;
 use crate::canon::{Canon, External};
 use crate::config::{Config, ConfigError, Invalid, LogFormat, PathSeg, PoolConfig, Source};
@@ -60,6 +61,21 @@ impl Policy {
                 loaded = External::of_embedded(&e.model).map_err(|m| at("embedded", "model", m))?;
             }
             externals.push(loaded);
+            // Backends' keys come from the environment: a variable that is not set fails here.
+            for (b, backend) in pool.backends.iter().enumerate() {
+                if let Some(var) = backend.api_key_env.as_deref().filter(|v| std::env::var(v).is_err()) {
+                    let key = |k: &str| PathSeg::Key(k.to_owned());
+                    let path = vec![
+                        key("pools"),
+                        PathSeg::Index(i),
+                        key("backends"),
+                        PathSeg::Index(b),
+                        key("api_key_env"),
+                    ];
+                    let message = format!("the environment variable {var} is not set");
+                    return Err(src.locate(&Invalid { path, message }));
+                }
+            }
             // The guard model's prompt template.
             if let Some(g) = &mut pool.safety.guard_model {
                 if let Some(file) = &g.template_file {
@@ -82,6 +98,17 @@ impl Policy {
                     g.template = Some(text);
                 }
             }
+        }
+        // The keys file, where the policy names one: resolved next to it, and read now so
+        // that a bad one fails here.
+        if let Some(f) = &cfg.auth.keys_file {
+            let path = src.dir().join(f);
+            let at = |message: String| {
+                let path = vec![PathSeg::Key("auth".into()), PathSeg::Key("keys_file".into())];
+                src.locate(&Invalid { path, message })
+            };
+            crate::auth::KeyTable::load(&path, &cfg.auth.limits).map_err(at)?;
+            cfg.auth.keys_file = Some(path);
         }
         Ok(Policy { cfg, externals })
     }
@@ -163,6 +190,7 @@ fn replica_spec(pool: &str, r: usize, rep: &Replica) -> BackendSpec {
         weight: 1,
         kv_events: rep.kv_events.clone(),
         kv_replay: rep.kv_replay.clone(),
+        api_key: None,
     }
 }
 
@@ -209,8 +237,13 @@ pub fn run(policy: Policy) -> anyhow::Result<()> {
         upstream: upstream.clone(),
         sessions: Arc::new(crate::session::Store::new(&cfg.session).map_err(anyhow::Error::msg)?),
         ws: Connections::new(metrics.ws_connections.with_label_values(&["api"])),
+        auth: Arc::new(Auth::new(&cfg.auth, Path::new(""), &metrics).map_err(anyhow::Error::msg)?),
     });
     let _ = late.set(Arc::downgrade(&state));
+    let keys = background_service(
+        "warmpath keys",
+        WatchKeys { auth: state.auth.clone(), interval: Duration::from_millis(cfg.auth.reload_interval_ms) },
+    );
     let drain = background_service("warmpath websocket drain", crate::ws::DrainOnShutdown(state.clone()));
     let proxy = pingora::proxy::http_proxy(&server.configuration, WarmpathProxy { state });
     let app = WithHeaderDeadline {
@@ -247,6 +280,7 @@ pub fn run(policy: Policy) -> anyhow::Result<()> {
     server.add_service(load);
     server.add_service(events);
     server.add_service(drain);
+    server.add_service(keys);
 
     let listen = cfg.server.listen;
     let model = cfg

@@ -202,27 +202,6 @@ fn admin_endpoints() {
     }
 }
 
-/// Reads one response (Content-Length framed) from a kept-alive connection.
-fn read_one(s: &mut std::net::TcpStream) -> Resp {
-    use std::io::Read;
-    let mut raw = Vec::new();
-    let mut byte = [0u8; 1];
-    while !raw.ends_with(b"\r\n\r\n") {
-        assert_eq!(
-            s.read(&mut byte).expect("read"),
-            1,
-            "connection closed: {:?}",
-            String::from_utf8_lossy(&raw)
-        );
-        raw.push(byte[0]);
-    }
-    let head = parse_response(&raw);
-    let len: usize = head.header("content-length").and_then(|v| v.parse().ok()).expect("content-length");
-    let mut body = vec![0u8; len];
-    s.read_exact(&mut body).expect("body");
-    Resp { body, ..head }
-}
-
 #[test]
 fn back_to_back_requests_on_one_connection_all_arrive_whole() {
     use std::io::Write;
@@ -240,7 +219,7 @@ fn back_to_back_requests_on_one_connection_all_arrive_whole() {
             body.len()
         )
         .expect("send");
-        let r = read_one(&mut s);
+        let r = read_response(&mut s);
         assert_eq!(r.status, 200, "request {i}: {}", r.text());
     }
 }
@@ -262,7 +241,7 @@ fn answers_without_a_backend_keep_the_connection() {
     ] {
         write!(s, "{method} {path} HTTP/1.1\r\nhost: x\r\ncontent-length: {}\r\n\r\n{body}", body.len())
             .expect("send");
-        let r = read_one(&mut s);
+        let r = read_response(&mut s);
         assert_eq!(r.status, status, "{method} {path}: {}", r.text());
         assert_eq!(r.header("connection"), Some("keep-alive"), "{method} {path}");
     }

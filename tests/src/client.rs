@@ -142,3 +142,24 @@ pub fn open_stream(addr: SocketAddr, model: &str, max_tokens: u32) -> (TcpStream
     let n = s.read(&mut buf).expect("first bytes");
     (s, String::from_utf8_lossy(&buf[..n]).to_ascii_lowercase())
 }
+
+/// Reads one response (Content-Length framed) from a kept-alive connection, leaving the
+/// connection at the next response.
+pub fn read_response(s: &mut TcpStream) -> Resp {
+    let mut raw = Vec::new();
+    let mut byte = [0u8; 1];
+    while !raw.ends_with(b"\r\n\r\n") {
+        assert_eq!(
+            s.read(&mut byte).expect("read"),
+            1,
+            "connection closed: {:?}",
+            String::from_utf8_lossy(&raw)
+        );
+        raw.push(byte[0]);
+    }
+    let head = parse_response(&raw);
+    let len: usize = head.header("content-length").and_then(|v| v.parse().ok()).expect("content-length");
+    let mut body = vec![0u8; len];
+    s.read_exact(&mut body).expect("body");
+    Resp { body, ..head }
+}

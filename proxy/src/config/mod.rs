@@ -4,6 +4,7 @@
 //! [`load`] runs the checks that span several values. Every key is documented in
 //! `docs/policies.md`.
 
+mod auth;
 mod canon;
 mod load;
 mod pool;
@@ -12,6 +13,7 @@ mod sessions;
 mod types;
 mod validate;
 
+pub use auth::{AuthConfig, KeyEntry, KeyLimits, KeysFile};
 pub use canon::{BuiltinRule, CanonConfig, NoteRole, RuleConfig, TokenizerKind, ToolsConfig};
 pub use load::{load, locate, parse, ConfigError, Source};
 pub use pool::{
@@ -53,6 +55,8 @@ pub struct Config {
     pub session: ConversationConfig,
     #[serde(default)]
     pub websocket: WebSocketConfig,
+    #[serde(default)]
+    pub auth: AuthConfig,
     #[serde(default)]
     pub pools: Vec<PoolConfig>,
 }

@@ -220,6 +220,11 @@ pub struct BackendConfig {
     /// a reconnect or a gap in the sequence, the batches missed are asked for there.
     #[serde(default)]
     pub kv_events_replay: Option<String>,
+    /// An environment variable holding the backend's own API key: sent as
+    /// `Authorization: Bearer …` in place of anything the client sent (the key stays out of
+    /// the policy file).
+    #[serde(default)]
+    pub api_key_env: Option<String>,
 }
 
 fn default_weight() -> u32 {

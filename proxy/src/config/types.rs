@@ -17,35 +17,39 @@ pub struct BackendUrl {
 }
 
 impl BackendUrl {
+    /// A backend's URL, read by `http`'s URI parser: `http://` or `https://`, a host (a name,
+    /// IPv4, or a bracketed IPv6 literal), an optional port (80 / 443 by default) and path.
     pub fn parse(s: &str) -> Result<BackendUrl, String> {
-        let (tls, rest) = if let Some(r) = s.strip_prefix("http://") {
-            (false, r)
-        } else if let Some(r) = s.strip_prefix("https://") {
-            (true, r)
-        } else {
-            return Err(format!("backend url {s:?} must start with http:// or https://"));
+        let uri: http::Uri = s.parse().map_err(|e| format!("backend url {s:?} is not a URL: {e}"))?;
+        let tls = match uri.scheme_str() {
+            Some("http") => false,
+            Some("https") => true,
+            _ => return Err(format!("backend url {s:?} must start with http:// or https://")),
         };
-        let (authority, path) = match rest.find('/') {
-            Some(i) => (&rest[..i], rest[i..].trim_end_matches('/')),
-            None => (rest, ""),
-        };
-        if authority.is_empty() {
-            return Err(format!("backend url {s:?} has no host"));
+        let authority = uri.authority().ok_or_else(|| format!("backend url {s:?} has no host"))?;
+        if authority.as_str().contains('@') {
+            return Err(format!("backend url {s:?} may not carry credentials (use api_key_env)"));
         }
-        if path.contains(['?', '#']) {
+        if uri.query().is_some() || s.contains('#') {
             return Err(format!("backend url {s:?} may not carry a query or fragment"));
         }
-        let (host, port) = match authority.rsplit_once(':') {
-            Some((h, p)) if !h.ends_with(']') || authority.starts_with('[') => {
-                let port: u16 = p.parse().map_err(|_| format!("backend url {s:?} has a bad port {p:?}"))?;
-                (h.trim_start_matches('[').trim_end_matches(']').to_owned(), port)
-            }
-            _ => (authority.to_owned(), if tls { 443 } else { 80 }),
-        };
+        let host = authority.host().trim_start_matches('[').trim_end_matches(']').to_owned();
         if host.is_empty() {
             return Err(format!("backend url {s:?} has no host"));
         }
-        Ok(BackendUrl { tls, host, port, base_path: path.to_owned() })
+        // What follows the host: nothing, or `:PORT`.
+        let port = match authority.as_str()[authority.host().len()..].strip_prefix(':') {
+            None => {
+                if tls {
+                    443
+                } else {
+                    80
+                }
+            }
+            Some(p) => p.parse::<u16>().map_err(|_| format!("backend url {s:?} has a bad port {p:?}"))?,
+        };
+        let base_path = uri.path().trim_end_matches('/').to_owned();
+        Ok(BackendUrl { tls, host, port, base_path })
     }
 
     /// `host:port`, bracketing IPv6 literals.
@@ -164,7 +168,26 @@ mod tests {
         let u = BackendUrl::parse("http://[::1]:9000").expect("ok");
         assert_eq!((u.host.as_str(), u.port), ("::1", 9000));
         assert_eq!(u.authority(), "[::1]:9000");
-        for bad in ["127.0.0.1:8000", "ftp://x", "http://", "http://h:port", "http://h:1/a?b"] {
+        // IPv6 without a port (it was refused as "bad port"), with a path.
+        let u = BackendUrl::parse("http://[::1]/v1").expect("ok");
+        assert_eq!((u.host.as_str(), u.port, u.base_path.as_str()), ("::1", 80, "/v1"));
+        let u = BackendUrl::parse("https://[2001:db8::7]").expect("ok");
+        assert_eq!(
+            (u.host.as_str(), u.port, u.authority().as_str()),
+            ("2001:db8::7", 443, "[2001:db8::7]:443")
+        );
+        for bad in [
+            "127.0.0.1:8000",
+            "ftp://x",
+            "http://",
+            "http://h:port",
+            "http://h:1/a?b",
+            "http://h/a#b",
+            "http://user:pw@h",
+            "http://h:/",
+            "http://h:70000",
+            "http://::1/v1",
+        ] {
             assert!(BackendUrl::parse(bad).is_err(), "{bad}");
         }
     }

@@ -102,6 +102,13 @@ pub fn validate(cfg: &Config) -> Result<(), Invalid> {
     if cfg.session.store == StoreKind::Redis && cfg.session.redis_url.is_none() {
         return Err(sess.key("redis_url").err("store = \"redis\" needs redis_url"));
     }
+    if cfg.auth.enabled && cfg.auth.keys_file.is_none() {
+        return Err(root
+            .key("auth")
+            .key("keys_file")
+            .err("enabled = true needs a keys file (warmpath keys add NAME writes one)"));
+    }
+    positive(root.key("auth").key("reload_interval_ms"), cfg.auth.reload_interval_ms)?;
     let ws = root.key("websocket");
     positive(ws.key("max_message_kib"), cfg.websocket.max_message_kib)?;
     positive(ws.key("max_connections"), cfg.websocket.max_connections as u64)?;

@@ -23,6 +23,6 @@ pub async fn serve_llm(
     route: LlmRoute,
 ) -> pingora::Result<()> {
     let Some(body) = body::read_client_body(state, session, ctx).await? else { return Ok(()) };
-    let head = Head::of(session.req_header());
+    let head = Head::of(session.req_header()).with_key(ctx.key.clone());
     pipeline::run(state, session, ctx, route, body, &head).await
 }

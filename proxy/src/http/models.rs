@@ -1,6 +1,6 @@
 //! `GET /v1/models`: the union of what every backend that takes traffic lists, keeping each
 //! backend's own entry (vLLM's `max_model_len` and the like), and only the models warmpath
-//! would route to that backend's pool.
+//! would route to that backend's pool (and, with API keys, that the caller's key may use).
 
 use std::collections::HashSet;
 use std::time::{Duration, Instant};
@@ -41,7 +41,9 @@ pub async fn serve(state: &AppState, session: &mut Session, ctx: &mut RequestCtx
         for m in list.get("data").and_then(Value::as_array).into_iter().flatten() {
             let Some(id) = m.get("id").and_then(Value::as_str) else { continue };
             let routed_here = state.pools.for_model(id).is_some_and(|p| p.name == b.pool);
-            if routed_here && seen.insert(id.to_owned()) {
+            // A key limited to some models lists only those.
+            let allowed = ctx.key.is_none() || state.auth.may_use(ctx.key.as_deref(), &b.pool, id);
+            if routed_here && allowed && seen.insert(id.to_owned()) {
                 data.push(m.clone());
             }
         }

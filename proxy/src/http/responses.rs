@@ -24,7 +24,7 @@ use crate::state::{AppState, RequestCtx};
 /// `POST /v1/responses`.
 pub async fn serve(state: &AppState, session: &mut Session, ctx: &mut RequestCtx) -> pingora::Result<()> {
     let Some(body) = read_client_body(state, session, ctx).await? else { return Ok(()) };
-    let head = Head::of(session.req_header());
+    let head = Head::of(session.req_header()).with_key(ctx.key.clone());
     let fields = match request::raw_fields(&body) {
         Ok(f) => f,
         Err(e) => return reject(state, session, ctx, &e).await,
@@ -38,7 +38,7 @@ pub async fn serve(state: &AppState, session: &mut Session, ctx: &mut RequestCtx
         Ok(r) => r,
         Err(e) => return reject(state, session, ctx, &e).await,
     };
-    let tenant = tenant(head.authorization());
+    let tenant = tenant(head.owner());
     let turn = match Turn::prepare(state, req, tenant, None, 404).await {
         Ok(t) => t,
         Err(e) => return reject(state, session, ctx, &e).await,

@@ -125,6 +125,15 @@ pub struct Metrics {
     pub ws_closed: IntCounterVec,
     /// `direction` (`in`, `out`): WebSocket message payload bytes.
     pub ws_bytes: IntCounterVec,
+    /// `key` (its name), `outcome` (`admitted`, `limited`, `forbidden`): requests per API key.
+    pub key_requests: IntCounterVec,
+    /// `key`, `kind` (`prompt`, `completion`): tokens per API key, from the answers' usage.
+    pub key_tokens: IntCounterVec,
+    /// `key`, `limit` (`requests`, `tokens`, `concurrent`, `websockets`, `daily`): requests
+    /// and WebSocket upgrades refused by a limit.
+    pub key_limited: IntCounterVec,
+    /// Keys in the keys file as last loaded.
+    pub auth_keys: IntGauge,
 }
 
 impl Metrics {
@@ -162,6 +171,9 @@ impl Metrics {
         let inflight_total = IntGauge::new("warmpath_inflight_requests", "Requests in flight in the proxy.")
             .expect("valid metric");
         registry.register(Box::new(inflight_total.clone())).expect("unique metric");
+        let auth_keys = IntGauge::new("warmpath_auth_keys", "API keys in the keys file as last loaded.")
+            .expect("valid metric");
+        registry.register(Box::new(auth_keys.clone())).expect("unique metric");
         let with_buckets = |name: &str, help: &str, labels: &[&str], buckets: Vec<f64>| {
             let h = HistogramVec::new(HistogramOpts::new(name, help).buckets(buckets), labels)
                 .expect("valid metric");
@@ -428,6 +440,22 @@ impl Metrics {
                 &["pool", "backend", "result"],
             ),
             build_info: gauge("warmpath_build_info", "Build information (value 1).", &["version"]),
+            key_requests: counter(
+                "warmpath_key_requests_total",
+                "Requests per API key name: admitted, limited (429) or forbidden (403: a model the key may not use).",
+                &["key", "outcome"],
+            ),
+            key_tokens: counter(
+                "warmpath_key_tokens_total",
+                "Tokens per API key name, from the answers' usage (prompt, completion).",
+                &["key", "kind"],
+            ),
+            key_limited: counter(
+                "warmpath_key_limited_total",
+                "Requests and WebSocket upgrades refused by a per-key limit, by the limit.",
+                &["key", "limit"],
+            ),
+            auth_keys,
             client_disconnects,
             request_bytes,
             inflight_total,

@@ -104,7 +104,10 @@ pub(super) async fn open(
             Ok(x) => x,
             Err(e) => return Ok(Reached::Failed(Failure::Io(FailKind::of(&e)))),
         };
-        let req = template.build(&peer.url.base_path, &peer.authority, body.len())?;
+        let mut req = template.build(&peer.url.base_path, &peer.authority, body.len())?;
+        if let Some(a) = &peer.authorization {
+            req.insert_header(http::header::AUTHORIZATION, a.clone())?;
+        }
         match send(&mut up, req, body, down).await {
             Ok(Sent::Header) => {
                 let Some(header) = up.response_header().cloned() else {

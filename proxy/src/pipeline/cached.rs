@@ -42,7 +42,7 @@ pub(super) fn look_up(
         tracing::debug!(why, "response cache bypassed");
         Lookup::Bypass
     } else {
-        let key = cache.key(&pool.name, req.route, req.model(), head.authorization(), sent);
+        let key = cache.key(&pool.name, req.route, req.model(), head.owner(), sent);
         match cache.get(key).filter(|_| !head.cache_control.no_lookup) {
             Some(entry) => Lookup::Hit(entry),
             None => Lookup::Miss(cache.record(key)),

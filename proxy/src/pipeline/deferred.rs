@@ -336,6 +336,8 @@ async fn stream(
             None => {}
         }
         r.backend.record_success(&r.state.cfg.health, Instant::now());
+        let n = |u: &Value, k: &str| u.get(k).and_then(Value::as_u64);
+        ctx.usage = usage.as_ref().and_then(|u| Some((n(u, "prompt_tokens")?, n(u, "completion_tokens")?)));
         end.push_str(&search::closing(usage, round.last_chunk.as_ref(), round.id.as_deref()));
         if let Some((_, rec)) = &mut ctx.recording {
             rec.push(end.as_bytes());

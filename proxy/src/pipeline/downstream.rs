@@ -55,3 +55,39 @@ impl Downstream for Session {
         self.set_keepalive(None);
     }
 }
+
+/// A client whose answer's header gets `headers` added (the caller's rate-limit state).
+pub struct Stamped<'d> {
+    pub inner: &'d mut dyn Downstream,
+    pub headers: &'d [(&'static str, String)],
+}
+
+#[async_trait]
+impl Downstream for Stamped<'_> {
+    async fn write_response_header(
+        &mut self,
+        mut header: Box<ResponseHeader>,
+        end: bool,
+    ) -> pingora::Result<()> {
+        for (k, v) in self.headers {
+            header.insert_header(*k, v.as_str())?;
+        }
+        self.inner.write_response_header(header, end).await
+    }
+
+    async fn write_response_body(&mut self, body: Option<Bytes>, end: bool) -> pingora::Result<()> {
+        self.inner.write_response_body(body, end).await
+    }
+
+    async fn gone(&mut self) {
+        self.inner.gone().await
+    }
+
+    fn close_after(&mut self) {
+        self.inner.close_after();
+    }
+
+    fn stopped(&self) -> bool {
+        self.inner.stopped()
+    }
+}

@@ -12,7 +12,7 @@ use pingora::protocols::http::client::HttpSession;
 use super::attempt::{self, Attempt, Reached, Retries};
 use super::downstream::Downstream;
 use super::headers::{is_sse, response_header, WarmpathHeaders};
-use super::relay::{end_stream_with_error, pump, PrefillWatch, Pumped, ResponseId, Tail};
+use super::relay::{end_stream_with_error, pump, PrefillWatch, Pumped, ResponseId, Tail, UsageTail};
 use super::Outgoing;
 use crate::request::LlmRoute;
 use crate::route::{key, RouteKey, Selected};
@@ -107,9 +107,14 @@ async fn relay_answer(
     // A Responses answer's id: a request chaining on it (`previous_response_id`) is routed here.
     let mut response_id = (route == LlmRoute::Responses && status == 200).then(ResponseId::default);
     let mut rec = ctx.recording.as_mut().map(|(_, r)| r);
+    // What the answer used, for the caller's token limits.
+    let mut usage = out.counts_usage.then(UsageTail::default);
     let mut observe = |b: &[u8]| {
         if let Some(r) = rec.as_deref_mut() {
             r.push(b);
+        }
+        if let Some(u) = &mut usage {
+            u.push(b);
         }
         if let Some(id) = &mut response_id {
             id.push(b);
@@ -118,6 +123,7 @@ async fn relay_answer(
     let mut watch = PrefillWatch::new(sse);
     let prefill = (&sel.prefill, &mut watch);
     let pumped = pump(&mut up, down, &mut ctx.first_byte, prefill, &mut tail, &mut observe).await;
+    ctx.usage = usage.as_ref().and_then(UsageTail::usage).or(ctx.usage);
     if let Some(id) = response_id.as_mut().and_then(ResponseId::take) {
         pool.policy.bind(key::response_session(&id), sel.index);
     }

@@ -37,6 +37,7 @@ use bytes::Bytes;
 use warmpath_wire::openai::ApiError;
 
 pub use downstream::Downstream;
+use downstream::Stamped;
 
 use crate::canon::Prepared;
 use crate::config::InputMode;
@@ -71,7 +72,34 @@ pub async fn run(
         let e = ApiError::model_not_found(parsed.model());
         return reject(state, down, ctx, &e, "model_not_found").await;
     };
-    admitted(state, pool, down, ctx, parsed, &body, head).await
+    // The caller's key: may it use this model, and does the request fit its limits?
+    let Some(key) = head.key.as_deref() else {
+        return admitted(state, pool, down, ctx, parsed, &body, head).await;
+    };
+    let ticket = match state.auth.admit(key, &pool.name, parsed.model(), estimate(&parsed, &body)) {
+        Ok(t) => t,
+        Err(r) => {
+            let reason = if r.error.status == 429 { "rate_limited" } else { "forbidden" };
+            state.metrics.rejections.with_label_values(&[reason]).inc();
+            ctx.status = r.error.status;
+            return respond::send_error(down, &r.error, &r.headers).await;
+        }
+    };
+    let mut stamped = Stamped { inner: down, headers: &ticket.headers };
+    let done = admitted(state, pool, &mut stamped, ctx, parsed, &body, head).await;
+    ticket.settle(ctx.usage);
+    done
+}
+
+/// The tokens a request may use, as far as is known before it runs: its prompt at about four
+/// bytes a token, and the most it may write (`max_tokens`, `max_completion_tokens`,
+/// `max_output_tokens`); its answer's usage settles the difference.
+fn estimate(req: &LlmRequest<'_>, body: &[u8]) -> u64 {
+    let most = ["max_tokens", "max_completion_tokens", "max_output_tokens"]
+        .iter()
+        .find_map(|k| req.extra_raw(k).and_then(|v| v.get().trim().parse::<u64>().ok()))
+        .unwrap_or(0);
+    (body.len() as u64).div_ceil(4) + most
 }
 
 /// Runs one LLM request on pool `pool`, whatever model it names (warmpath's own calls: the
@@ -204,6 +232,7 @@ async fn stages(
         search: prepared.search.as_ref(),
         prefix: prefix.as_deref(),
         cache,
+        counts_usage: head.key.is_some(),
     };
     forward::forward(&out, down, ctx, &key).await
 }
@@ -231,6 +260,8 @@ struct Outgoing<'a> {
     /// `x-warmpath-prefix-hash` and `x-warmpath-cache`.
     pub prefix: Option<&'a str>,
     pub cache: Option<&'static str>,
+    /// The caller has token limits: the answer's usage is read to settle them.
+    pub counts_usage: bool,
 }
 
 /// The canonical body and prefix blocks, where the pool rewrites or its policy reads blocks;

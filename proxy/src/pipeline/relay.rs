@@ -52,6 +52,41 @@ impl Tail {
     }
 }
 
+/// An answer's token usage, read from its last bytes (where a whole answer and a stream's last
+/// chunk put `usage`): prompt and completion tokens (`input_tokens` / `output_tokens` in a
+/// Responses answer).
+#[derive(Debug, Default)]
+pub struct UsageTail {
+    buf: Vec<u8>,
+}
+
+impl UsageTail {
+    const KEEP: usize = 4096;
+
+    pub fn push(&mut self, b: &[u8]) {
+        self.buf.extend_from_slice(&b[b.len().saturating_sub(Self::KEEP)..]);
+        let excess = self.buf.len().saturating_sub(Self::KEEP);
+        self.buf.drain(..excess);
+    }
+
+    /// The last `usage` seen, if the answer ended with one.
+    pub fn usage(&self) -> Option<(u64, u64)> {
+        let text = String::from_utf8_lossy(&self.buf);
+        let at = text.rfind("\"usage\"")?;
+        let rest = &text[at..];
+        let rest = &rest[..rest.find('}').unwrap_or(rest.len())];
+        let number = |keys: [&str; 2]| {
+            keys.iter().find_map(|k| {
+                let i = rest.find(&format!("\"{k}\""))? + k.len() + 2;
+                let v = rest[i..].trim_start().strip_prefix(':')?.trim_start();
+                let end = v.find(|c: char| !c.is_ascii_digit()).unwrap_or(v.len());
+                v[..end].parse::<u64>().ok()
+            })
+        };
+        Some((number(["prompt_tokens", "input_tokens"])?, number(["completion_tokens", "output_tokens"])?))
+    }
+}
+
 /// The id of a Responses answer, found in its first bytes: the first `"id"` whose value starts
 /// with `resp` (the top-level field of a whole answer; `response.id` of the first event of a
 /// stream, `response.created`).

@@ -38,14 +38,16 @@ pub async fn send_json(
     send(session, status, "application/json", body, headers).await
 }
 
-/// An error in the OpenAI shape; 429 and 503 tell the client when to come back.
+/// An error in the OpenAI shape; 429 and 503 tell the client when to come back (in a second,
+/// unless `headers` say when, or say not to: `x-should-retry: false`).
 pub async fn send_error(
     session: &mut dyn Downstream,
     err: &ApiError,
     headers: &[(&'static str, String)],
 ) -> Result<()> {
     let mut all = headers.to_vec();
-    if matches!(err.status, 429 | 503) {
+    let said = all.iter().any(|(k, _)| matches!(*k, "retry-after" | "x-should-retry"));
+    if matches!(err.status, 429 | 503) && !said {
         all.push(("retry-after", "1".to_owned()));
     }
     send_json(session, err.status, Bytes::from(err.to_json()), &all).await

@@ -43,6 +43,8 @@ pub struct Head {
     pub session_id: Option<String>,
     pub cache_control: CacheDirectives,
     authorization: Option<Vec<u8>>,
+    /// The caller's API key name, where warmpath checks keys (`[auth]`).
+    pub key: Option<Arc<str>>,
     /// The conversation's texts, where the caller knows which are new (a Responses turn): the
     /// input checks read these instead of the body.
     pub texts: Option<Arc<TurnTexts>>,
@@ -56,8 +58,19 @@ impl Head {
             session_id: header("x-session-id").and_then(|v| std::str::from_utf8(v).ok()).map(str::to_owned),
             cache_control: CacheDirectives::parse(header(header::CACHE_CONTROL.as_str())),
             authorization: header(header::AUTHORIZATION.as_str()).map(<[u8]>::to_vec),
+            key: None,
             texts: None,
         }
+    }
+
+    /// The caller authenticated as API key `key`: the key is warmpath's, so it is not sent on
+    /// to backends, and the caller is known by the key's name.
+    pub fn with_key(mut self, key: Option<Arc<str>>) -> Head {
+        if key.is_some() {
+            self.template.headers.retain(|(n, _)| n != header::AUTHORIZATION);
+        }
+        self.key = key;
+        self
     }
 
     /// The same head sent to another path (a translated request), POST, with JSON in.
@@ -75,6 +88,7 @@ impl Head {
             session_id: self.session_id.clone(),
             cache_control: self.cache_control,
             authorization: self.authorization.clone(),
+            key: self.key.clone(),
             texts: self.texts.clone(),
         }
     }
@@ -93,8 +107,13 @@ impl Head {
         self
     }
 
-    pub fn authorization(&self) -> Option<&[u8]> {
-        self.authorization.as_deref()
+    /// Who the caller is, for what is kept per caller (stored conversations, cached answers):
+    /// its API key's name where warmpath checks keys, else the `Authorization` it sent.
+    pub fn owner(&self) -> Option<&[u8]> {
+        match &self.key {
+            Some(k) => Some(k.as_bytes()),
+            None => self.authorization.as_deref(),
+        }
     }
 }
 

@@ -63,6 +63,8 @@ pub struct BackendSpec {
     /// KV events endpoint, and its replay endpoint.
     pub kv_events: Option<String>,
     pub kv_replay: Option<String>,
+    /// The backend's own API key (from `api_key_env`).
+    pub api_key: Option<String>,
 }
 
 impl From<&BackendConfig> for BackendSpec {
@@ -73,6 +75,7 @@ impl From<&BackendConfig> for BackendSpec {
             weight: b.weight,
             kv_events: b.kv_events.clone(),
             kv_replay: b.kv_events_replay.clone(),
+            api_key: b.api_key_env.as_ref().and_then(|v| std::env::var(v).ok()),
         }
     }
 }
@@ -200,7 +203,8 @@ impl Pool {
     ) -> Result<Pool, String> {
         let mut built = Vec::with_capacity(backends.len());
         for spec in backends {
-            let peer = Peer::new(spec.url.clone(), &cfg.upstream)?;
+            let mut peer = Peer::new(spec.url.clone(), &cfg.upstream)?;
+            peer.set_api_key(spec.api_key.as_deref())?;
             let labels = [pc.name.as_str(), spec.name.as_str()];
             let mut b = Backend::new(
                 spec.name.clone(),

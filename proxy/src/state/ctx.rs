@@ -22,6 +22,10 @@ pub struct RequestCtx {
     /// The answer being copied aside for the pool's response cache (kept, or not, when the
     /// request is over).
     pub recording: Option<(Arc<Pool>, Recording)>,
+    /// The caller's API key name (`[auth]` on).
+    pub key: Option<Arc<str>>,
+    /// The answer's `usage`: prompt and completion tokens, where it said.
+    pub usage: Option<(u64, u64)>,
 }
 
 impl RequestCtx {
@@ -35,6 +39,8 @@ impl RequestCtx {
             client_gone: false,
             truncated: false,
             recording: None,
+            key: None,
+            usage: None,
         }
     }
 }

@@ -11,6 +11,7 @@ use std::sync::Arc;
 pub use ctx::RequestCtx;
 pub use pools::{Pool, Pools};
 
+use crate::auth::Auth;
 use crate::config::Config;
 use crate::limits::Connections;
 use crate::observe::Metrics;
@@ -30,4 +31,6 @@ pub struct AppState {
     pub sessions: Arc<Store>,
     /// Open WebSocket connections.
     pub ws: Connections,
+    /// API keys and their limits.
+    pub auth: Arc<Auth>,
 }

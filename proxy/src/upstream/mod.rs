@@ -23,6 +23,9 @@ pub struct Peer {
     pub authority: String,
     /// The connection template (resolved address, TLS, timeouts).
     pub http: HttpPeer,
+    /// `Authorization` for every request to this backend (its own API key), replacing the
+    /// client's.
+    pub authorization: Option<http::HeaderValue>,
 }
 
 impl Peer {
@@ -41,7 +44,21 @@ impl Peer {
         peer.options.read_timeout = Some(ms(up.idle_timeout_ms));
         peer.options.write_timeout = Some(ms(up.idle_timeout_ms));
         peer.options.idle_timeout = Some(ms(up.pool_idle_timeout_ms));
-        Ok(Peer { authority: url.authority(), url, http: peer })
+        Ok(Peer { authority: url.authority(), url, http: peer, authorization: None })
+    }
+
+    /// The backend's own API key, sent on every request to it.
+    pub fn set_api_key(&mut self, key: Option<&str>) -> Result<(), String> {
+        self.authorization = match key {
+            None => None,
+            Some(k) => {
+                let mut v = http::HeaderValue::from_str(&format!("Bearer {k}"))
+                    .map_err(|_| "a backend API key must be printable ASCII".to_owned())?;
+                v.set_sensitive(true);
+                Some(v)
+            }
+        };
+        Ok(())
     }
 }
 
@@ -153,6 +170,9 @@ pub async fn get(up: &Upstream, peer: &Peer, path: &str, timeout: Duration) -> R
         let (mut s, _) = up.connect(peer).await.map_err(|e| e.to_string())?;
         let mut req = RequestHeader::build("GET", full.as_bytes(), Some(2)).map_err(|e| e.to_string())?;
         req.insert_header(http::header::HOST, peer.authority.as_str()).map_err(|e| e.to_string())?;
+        if let Some(a) = &peer.authorization {
+            req.insert_header(http::header::AUTHORIZATION, a.clone()).map_err(|e| e.to_string())?;
+        }
         s.write_request_header(Box::new(req)).await.map_err(|e| e.to_string())?;
         s.finish_request_body().await.map_err(|e| e.to_string())?;
         read_whole(up, peer, s).await

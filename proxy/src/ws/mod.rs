@@ -119,6 +119,16 @@ pub async fn serve(
         .with_code("websocket_connection_limit_reached");
         return send_error(session, &e, &[]).await;
     };
+    // The caller's key holds one of its WebSocket slots while the connection is open.
+    let _key_slot = match ctx.key.as_deref().map(|k| state.auth.open_websocket(k)) {
+        None => None,
+        Some(Ok(s)) => Some(s),
+        Some(Err(r)) => {
+            ctx.status = r.error.status;
+            state.metrics.rejections.with_label_values(&["rate_limited"]).inc();
+            return send_error(session, &r.error, &r.headers).await;
+        }
+    };
     let key =
         session.req_header().headers.get("sec-websocket-key").and_then(|v| v.to_str().ok()).unwrap_or("");
     let mut h = ResponseHeader::build(101, Some(3))?;
@@ -127,8 +137,8 @@ pub async fn serve(
     h.insert_header("sec-websocket-accept", accept_key(key.trim()))?;
     session.write_response_header(Box::new(h), false).await?;
     ctx.status = 101;
-    let head = Head::of(session.req_header());
-    let tenant = tenant(head.authorization());
+    let head = Head::of(session.req_header()).with_key(ctx.key.clone());
+    let tenant = tenant(head.owner());
     let mut conn = Conn {
         state: state.clone(),
         head: Arc::new(head),

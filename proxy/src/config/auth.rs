@@ -1,0 +1,104 @@
+//! `[auth]`: API keys and what each may use and spend. Off by default (the quick start); on,
+//! every API route needs `Authorization: Bearer KEY`, and the keys live in a file of SHA-256
+//! hashes (`warmpath keys add NAME` writes one and prints the key once).
+
+use std::path::PathBuf;
+
+use serde::Deserialize;
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct AuthConfig {
+    pub enabled: bool,
+    /// The keys file (relative to the policy file): `[[keys]]` tables with `name`, `sha256`
+    /// and optional `models`, `pools` and limits. Re-read when it changes.
+    pub keys_file: Option<PathBuf>,
+    /// How often the keys file is checked for changes.
+    pub reload_interval_ms: u64,
+    /// The limits of a key that sets none of its own (each unset: unlimited).
+    pub limits: KeyLimits,
+}
+
+impl Default for AuthConfig {
+    fn default() -> Self {
+        AuthConfig {
+            enabled: false,
+            keys_file: None,
+            reload_interval_ms: 2_000,
+            limits: KeyLimits::default(),
+        }
+    }
+}
+
+/// What one key may spend; an unset limit is taken from `[auth.limits]`, and unset there, none.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct KeyLimits {
+    pub requests_per_minute: Option<u64>,
+    /// Prompt tokens (estimated at admission) plus `max_tokens`, settled with the answer's
+    /// real `usage`.
+    pub tokens_per_minute: Option<u64>,
+    pub max_concurrent: Option<u32>,
+    pub max_websockets: Option<u32>,
+    /// Tokens per UTC day.
+    pub tokens_per_day: Option<u64>,
+}
+
+impl KeyLimits {
+    /// Each limit of `self`, or `default`'s where `self` sets none.
+    pub fn or(&self, default: &KeyLimits) -> KeyLimits {
+        KeyLimits {
+            requests_per_minute: self.requests_per_minute.or(default.requests_per_minute),
+            tokens_per_minute: self.tokens_per_minute.or(default.tokens_per_minute),
+            max_concurrent: self.max_concurrent.or(default.max_concurrent),
+            max_websockets: self.max_websockets.or(default.max_websockets),
+            tokens_per_day: self.tokens_per_day.or(default.tokens_per_day),
+        }
+    }
+}
+
+/// The keys file.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct KeysFile {
+    #[serde(default)]
+    pub keys: Vec<KeyEntry>,
+}
+
+/// One key: its name (what logs and metrics show), the SHA-256 of the key (hex), what it may
+/// use, its limits.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct KeyEntry {
+    pub name: String,
+    pub sha256: String,
+    /// Only these models (any, when unset).
+    #[serde(default)]
+    pub models: Option<Vec<String>>,
+    /// Only the models of these pools (any, when unset).
+    #[serde(default)]
+    pub pools: Option<Vec<String>>,
+    #[serde(default)]
+    pub requests_per_minute: Option<u64>,
+    #[serde(default)]
+    pub tokens_per_minute: Option<u64>,
+    #[serde(default)]
+    pub max_concurrent: Option<u32>,
+    #[serde(default)]
+    pub max_websockets: Option<u32>,
+    #[serde(default)]
+    pub tokens_per_day: Option<u64>,
+}
+
+impl KeyEntry {
+    /// The key's own limits (unset ones are `[auth.limits]`'s).
+    pub fn limits(&self) -> KeyLimits {
+        KeyLimits {
+            requests_per_minute: self.requests_per_minute,
+            tokens_per_minute: self.tokens_per_minute,
+            max_concurrent: self.max_concurrent,
+            max_websockets: self.max_websockets,
+            tokens_per_day: self.tokens_per_day,
+        }
+    }
+}
