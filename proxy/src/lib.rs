@@ -4,8 +4,8 @@
 //! draws them):
 //!
 //! 1. foundations: [`config`] (the policy file, plain data), [`request`] (the parsed request),
-//!    [`observe`] (metrics; the admin listener), [`limits`], [`upstream`] (connections to
-//!    backends);
+//!    [`observe`] (metrics; the admin listener), [`limits`], [`tls`] (listener certificates),
+//!    [`upstream`] (connections to backends);
 //! 2. stages, each owning its state: [`tools`] (deferred tools), [`safety`] (checks),
 //!    [`canon`] (stable prefixes), [`cache`] (response cache), [`session`] (conversation
 //!    store), [`route`] (pools, policies, health, prefix index), [`auth`] (API keys and
@@ -36,6 +36,7 @@ pub mod safety;
 pub mod server;
 pub mod session;
 pub mod state;
+pub mod tls;
 pub mod tools;
 pub mod upstream;
 pub mod ws;

@@ -29,6 +29,7 @@ use crate::route::load::LoadScraper;
 use crate::route::{self, BackendSpec, Fleet, PromptUnits};
 use crate::safety::{Safety, Services};
 use crate::state::{self, AppState, Pools};
+use crate::tls::{ReloadingCert, WatchCerts};
 use crate::upstream::Upstream;
 
 /// A policy file with everything loaded from the files it names (each pool's tokenizer and
@@ -96,6 +97,39 @@ impl Policy {
                         return Err(src.locate(&Invalid { path: path_keys, message }));
                     }
                     g.template = Some(text);
+                }
+            }
+        }
+        // Listener certificates: resolved next to the policy file and loaded now, so that a
+        // bad pair fails here.
+        for (name, tls) in [("tls", &mut cfg.server.tls), ("admin_tls", &mut cfg.server.admin_tls)] {
+            let Some(t) = tls else { continue };
+            t.cert_file = src.dir().join(&t.cert_file);
+            t.key_file = src.dir().join(&t.key_file);
+            t.client_ca_file = t.client_ca_file.as_ref().map(|f| src.dir().join(f));
+            if let Err(message) = crate::tls::load_pair(&t.cert_file, &t.key_file) {
+                let path = vec![
+                    PathSeg::Key("server".into()),
+                    PathSeg::Key(name.into()),
+                    PathSeg::Key("cert_file".into()),
+                ];
+                return Err(src.locate(&Invalid { path, message }));
+            }
+        }
+        // Backend TLS files, next to the policy file; read now.
+        let up = &mut cfg.upstream;
+        for (key, file) in [
+            ("ca_file", &mut up.ca_file),
+            ("client_cert_file", &mut up.client_cert_file),
+            ("client_key_file", &mut up.client_key_file),
+        ] {
+            if let Some(f) = file {
+                *f = src.dir().join(&*f);
+                if let Err(e) = std::fs::read(&*f) {
+                    let path = vec![PathSeg::Key("upstream".into()), PathSeg::Key(key.into())];
+                    return Err(
+                        src.locate(&Invalid { path, message: format!("cannot read {}: {e}", f.display()) })
+                    );
                 }
             }
         }
@@ -212,7 +246,13 @@ pub fn run(policy: Policy) -> anyhow::Result<()> {
         }
     }
     let metrics = Metrics::new();
-    let upstream = Arc::new(Upstream::new(Duration::from_millis(cfg.upstream.pool_idle_timeout_ms)));
+    let up = &cfg.upstream;
+    let client = up.client_cert_file.as_deref().zip(up.client_key_file.as_deref());
+    let upstream = Arc::new(Upstream::new(
+        Duration::from_millis(up.pool_idle_timeout_ms),
+        up.ca_file.as_deref(),
+        client,
+    ));
     let late = LateState::default();
     let pools = build_pools(policy, &embedded, &metrics, &upstream, &late).map_err(anyhow::Error::msg)?;
     let fleet = Arc::new(Fleet::new(pools.iter().map(|p| p.route.clone()).collect()));
@@ -251,7 +291,17 @@ pub fn run(policy: Policy) -> anyhow::Result<()> {
         limit: Duration::from_millis(cfg.limits.header_read_timeout_ms),
     };
     let mut api = Service::new("warmpath api".to_owned(), app);
-    api.add_tcp(&cfg.server.listen.to_string());
+    // The listeners, with TLS where the policy gives certificates.
+    let mut certs = Vec::new();
+    match &cfg.server.tls {
+        Some(t) => {
+            let cert = ReloadingCert::load(&t.cert_file, &t.key_file).map_err(anyhow::Error::msg)?;
+            let settings = cert.settings(t.h2, t.client_ca_file.as_deref()).map_err(anyhow::Error::msg)?;
+            api.add_tls_with_settings(&cfg.server.listen.to_string(), None, settings);
+            certs.push((cert, t.reload_interval_ms));
+        }
+        None => api.add_tcp(&cfg.server.listen.to_string()),
+    }
     let ready = fleet.clone();
     let mut admin = Service::new(
         "warmpath admin".to_owned(),
@@ -261,7 +311,21 @@ pub fn run(policy: Policy) -> anyhow::Result<()> {
             api: cfg.server.listen,
         }),
     );
-    admin.add_tcp(&cfg.server.admin.to_string());
+    match &cfg.server.admin_tls {
+        Some(t) => {
+            let cert = ReloadingCert::load(&t.cert_file, &t.key_file).map_err(anyhow::Error::msg)?;
+            let settings = cert.settings(false, t.client_ca_file.as_deref()).map_err(anyhow::Error::msg)?;
+            admin.add_tls_with_settings(&cfg.server.admin.to_string(), None, settings);
+            certs.push((cert, t.reload_interval_ms));
+        }
+        None => admin.add_tcp(&cfg.server.admin.to_string()),
+    }
+    let interval = certs.iter().map(|c| c.1).min().unwrap_or(5_000);
+    let certs = WatchCerts {
+        certs: certs.into_iter().map(|c| c.0).collect(),
+        interval: Duration::from_millis(interval),
+    };
+    let certs = background_service("warmpath certificates", certs);
     let events = background_service(
         "warmpath kv events",
         EventFeeds { fleet: fleet.clone(), metrics: metrics.clone() },
@@ -281,6 +345,7 @@ pub fn run(policy: Policy) -> anyhow::Result<()> {
     server.add_service(events);
     server.add_service(drain);
     server.add_service(keys);
+    server.add_service(certs);
 
     let listen = cfg.server.listen;
     let model = cfg
@@ -290,8 +355,15 @@ pub fn run(policy: Policy) -> anyhow::Result<()> {
         .find(|m| *m != "*")
         .cloned()
         .unwrap_or_else(|| "MODEL".into());
-    println!("warmpath listening on http://{listen} (admin http://{}/metrics)", cfg.server.admin);
-    println!("try:\n  curl -s http://{listen}/v1/chat/completions -H 'content-type: application/json' \\\n    -d '{{\"model\":\"{model}\",\"messages\":[{{\"role\":\"system\",\"content\":\"You are a helpful assistant.\"}},{{\"role\":\"user\",\"content\":\"What is the capital of France?\"}}],\"max_tokens\":32,\"temperature\":0}}'");
+    let (scheme, admin_scheme) = (
+        if cfg.server.tls.is_some() { "https" } else { "http" },
+        if cfg.server.admin_tls.is_some() { "https" } else { "http" },
+    );
+    println!(
+        "warmpath listening on {scheme}://{listen} (admin {admin_scheme}://{}/metrics)",
+        cfg.server.admin
+    );
+    println!("try:\n  curl -s {scheme}://{listen}/v1/chat/completions -H 'content-type: application/json' \\\n    -d '{{\"model\":\"{model}\",\"messages\":[{{\"role\":\"system\",\"content\":\"You are a helpful assistant.\"}},{{\"role\":\"user\",\"content\":\"What is the capital of France?\"}}],\"max_tokens\":32,\"temperature\":0}}'");
     // The replicas live as long as the process.
     let _embedded = embedded;
     server.run_forever()

@@ -11,6 +11,7 @@ pub mod metrics;
 pub mod moderation;
 pub mod process;
 pub mod scripted;
+pub mod tls;
 pub mod ws;
 
 pub use client::*;
@@ -19,4 +20,5 @@ pub use metrics::*;
 pub use moderation::*;
 pub use process::*;
 pub use scripted::*;
+pub use tls::{CertFiles, TestCa};
 pub use ws::*;

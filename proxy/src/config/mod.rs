@@ -14,6 +14,7 @@ mod types;
 mod validate;
 
 pub use auth::{AuthConfig, KeyEntry, KeyLimits, KeysFile};
+
 pub use canon::{BuiltinRule, CanonConfig, NoteRole, RuleConfig, TokenizerKind, ToolsConfig};
 pub use load::{load, locate, parse, ConfigError, Source};
 pub use pool::{
@@ -29,6 +30,7 @@ pub use types::{BackendUrl, Pattern, Ratio, RedisUrl};
 pub use validate::{validate, Invalid, PathSeg};
 
 use std::net::SocketAddr;
+use std::path::PathBuf;
 
 use serde::Deserialize;
 
@@ -73,6 +75,33 @@ pub struct ServerConfig {
     pub threads: usize,
     /// Seconds in-flight requests get to finish after SIGTERM.
     pub grace_period_secs: u64,
+    /// TLS on the API listener (HTTPS, HTTP/2, `wss://`).
+    pub tls: Option<TlsConfig>,
+    /// TLS on the admin listener.
+    pub admin_tls: Option<TlsConfig>,
+}
+
+/// `[server.tls]`, `[server.admin_tls]`: a listener's certificate.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TlsConfig {
+    /// The certificate chain (PEM), relative to the policy file.
+    pub cert_file: PathBuf,
+    /// Its private key (PEM: PKCS#8, PKCS#1 or SEC1).
+    pub key_file: PathBuf,
+    /// Offer HTTP/2 (ALPN `h2`) beside HTTP/1.1.
+    #[serde(default = "yes")]
+    pub h2: bool,
+    /// How often the files are checked for a new certificate (SIGHUP re-reads at once).
+    #[serde(default = "default_tls_reload")]
+    pub reload_interval_ms: u64,
+    /// Require a client certificate that chains to this CA bundle (PEM): mutual TLS.
+    #[serde(default)]
+    pub client_ca_file: Option<PathBuf>,
+}
+
+fn default_tls_reload() -> u64 {
+    5_000
 }
 
 impl Default for ServerConfig {
@@ -82,6 +111,8 @@ impl Default for ServerConfig {
             admin: SocketAddr::from(([127, 0, 0, 1], 9090)),
             threads: 2,
             grace_period_secs: 30,
+            tls: None,
+            admin_tls: None,
         }
     }
 }
@@ -140,6 +171,12 @@ pub struct UpstreamConfig {
     pub pool_idle_timeout_ms: u64,
     /// Timeout of one `GET /v1/models` fan-out call.
     pub models_timeout_ms: u64,
+    /// `https://` backends: the CA bundle (PEM) their certificates must chain to, in place of
+    /// the system's roots.
+    pub ca_file: Option<PathBuf>,
+    /// `https://` backends that ask for a client certificate (mTLS): warmpath's, and its key.
+    pub client_cert_file: Option<PathBuf>,
+    pub client_key_file: Option<PathBuf>,
 }
 
 impl Default for UpstreamConfig {
@@ -149,6 +186,9 @@ impl Default for UpstreamConfig {
             idle_timeout_ms: 300_000,
             pool_idle_timeout_ms: 4_000,
             models_timeout_ms: 2_000,
+            ca_file: None,
+            client_cert_file: None,
+            client_key_file: None,
         }
     }
 }

@@ -78,6 +78,9 @@ pub fn validate(cfg: &Config) -> Result<(), Invalid> {
     positive(up.key("connect_timeout_ms"), cfg.upstream.connect_timeout_ms)?;
     positive(up.key("idle_timeout_ms"), cfg.upstream.idle_timeout_ms)?;
     positive(up.key("models_timeout_ms"), cfg.upstream.models_timeout_ms)?;
+    if cfg.upstream.client_cert_file.is_some() != cfg.upstream.client_key_file.is_some() {
+        return Err(up.key("client_cert_file").err("client_cert_file and client_key_file go together"));
+    }
     let h = root.key("health");
     positive(h.key("interval_ms"), cfg.health.interval_ms)?;
     positive(h.key("timeout_ms"), cfg.health.timeout_ms)?;

@@ -38,6 +38,10 @@ pub struct HeaderDeadline {
     done: Arc<AtomicBool>,
     /// Set when a request finished: the next read starts a new header (timer from its first byte).
     rearm: Arc<AtomicBool>,
+    /// An HTTP/2 connection: its requests are streams that overlap, each with its own header
+    /// frames, so the one-header-at-a-time deadline does not apply (it would cut a long stream
+    /// once a sibling stream ended).
+    off: Arc<AtomicBool>,
 }
 
 impl fmt::Debug for HeaderDeadline {
@@ -55,6 +59,7 @@ impl HeaderDeadline {
             timer,
             done: Arc::new(AtomicBool::new(false)),
             rearm: Arc::new(AtomicBool::new(false)),
+            off: Arc::new(AtomicBool::new(false)),
         }
     }
 }
@@ -63,17 +68,21 @@ fn deadline_of(session: &Session) -> Option<&HeaderDeadline> {
     session.stream().and_then(|s| s.as_any().downcast_ref::<HeaderDeadline>())
 }
 
-/// Lifts the header deadline of the session's connection (called once the header is parsed).
+/// Lifts the header deadline of the session's connection (called once the header is parsed);
+/// for good on an HTTP/2 connection.
 pub fn headers_done(session: &Session) {
     if let Some(d) = deadline_of(session) {
         d.done.store(true, Ordering::Release);
+        if session.is_http2() {
+            d.off.store(true, Ordering::Release);
+        }
     }
 }
 
 /// Arms the deadline for the next request on the session's kept-alive connection: it starts
 /// with that request's first byte, so idle keep-alive time does not count.
 pub fn request_done(session: &Session) {
-    if let Some(d) = deadline_of(session) {
+    if let Some(d) = deadline_of(session).filter(|d| !d.off.load(Ordering::Acquire)) {
         d.rearm.store(true, Ordering::Release);
         d.done.store(false, Ordering::Release);
     }

@@ -27,18 +27,25 @@ impl HealthChecker {
         let probes = self.fleet.backends().map(|b| {
             let b = b.clone();
             async move {
-                let ok =
-                    matches!(get(&self.upstream, &b.peer, &self.cfg.path, timeout).await, Ok((200..=299, _)));
-                (b, ok)
+                // Why a probe failed (a refused connection, a certificate that does not verify,
+                // a status) is what the operator needs in the log.
+                let why = match get(&self.upstream, &b.peer, &self.cfg.path, timeout).await {
+                    Ok((200..=299, _)) => None,
+                    Ok((status, _)) => Some(format!("status {status}")),
+                    Err(e) => Some(e),
+                };
+                (b, why)
             }
         });
-        for (b, ok) in futures_util::future::join_all(probes).await {
+        for (b, why) in futures_util::future::join_all(probes).await {
+            let ok = why.is_none();
             let result = if ok { "ok" } else { "fail" };
             self.metrics.health_checks.with_label_values(&[&b.pool, &b.name, result]).inc();
             match b.record_probe(ok, &self.cfg) {
                 Some(true) => tracing::info!(backend = %b.name, "health check passed: backend is up"),
                 Some(false) => {
-                    tracing::warn!(backend = %b.name, path = %self.cfg.path, "health check failed: backend is down")
+                    let why = why.unwrap_or_default();
+                    tracing::warn!(backend = %b.name, path = %self.cfg.path, error = %why, "health check failed: backend is down")
                 }
                 None => {}
             }

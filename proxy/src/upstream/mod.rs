@@ -4,10 +4,12 @@
 //! not, which status the client gets).
 
 use std::net::ToSocketAddrs;
+use std::path::Path;
 use std::time::Duration;
 
 use bytes::{Bytes, BytesMut};
 use pingora::connectors::http::Connector;
+use pingora::connectors::ConnectorOptions;
 use pingora::http::RequestHeader;
 use pingora::protocols::http::client::HttpSession;
 use pingora::upstreams::peer::HttpPeer;
@@ -70,8 +72,13 @@ pub struct Upstream {
 }
 
 impl Upstream {
-    pub fn new(pool_idle: Duration) -> Upstream {
-        Upstream { connector: Connector::new(None), pool_idle }
+    /// `ca_file`: the roots `https://` backends are checked against (the system's, when
+    /// none); `client`: warmpath's certificate and key for backends that ask (mTLS).
+    pub fn new(pool_idle: Duration, ca_file: Option<&Path>, client: Option<(&Path, &Path)>) -> Upstream {
+        let mut options = ConnectorOptions::new(128);
+        options.ca_file = ca_file.map(|p| p.display().to_string());
+        options.cert_key_file = client.map(|(c, k)| (c.display().to_string(), k.display().to_string()));
+        Upstream { connector: Connector::new(Some(options)), pool_idle }
     }
 
     /// A connection to `backend` (pooled or new; `true` when reused) with the idle timeout on
