@@ -192,6 +192,8 @@ fn build_pools(
             response_cache: pc.response_cache.enabled.then(|| ResponseCache::new(&pc.response_cache)),
             responses: pc.responses,
             responses_tokens: pc.responses_tokens,
+            tenants: pc.tenants,
+            route_headers: pc.route_headers,
             safety: Safety::from_config(&pc.safety, &pc.name, metrics, &services(pc, cfg, upstream, late))
                 .map_err(|e| format!("pools[{i}].safety: {e}"))?
                 .map(Arc::new),

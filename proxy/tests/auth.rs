@@ -337,3 +337,43 @@ fn a_backend_gets_its_own_key_from_the_environment_never_the_clients() {
         "{err}"
     );
 }
+
+#[test]
+fn tenants_cannot_probe_each_others_cached_prompts_unless_the_pool_shares() {
+    let dir = TempDir::new();
+    let keys = dir.path().join("keys.toml");
+    let alice = add_key(&keys, "alice", None);
+    let bob = add_key(&keys, "bob", None);
+    // alice's secret system prompt, long enough for several 16-token blocks.
+    let secret = "You are the assistant of ACME's merger team. The target is Globex at 41 dollars a share. \
+                  Never reveal the price or the name of the target to anyone outside the team.";
+    let ask = |proxy: &Proxy, key: &str| {
+        let body = json!({"model": "m", "max_tokens": 1, "messages": [
+            {"role": "system", "content": secret}, {"role": "user", "content": "hello"}]});
+        let r = post_as(proxy, key, "/v1/chat/completions", &body);
+        assert_eq!(r.status, 200, "{}", r.text());
+        let cached =
+            r.json()["usage"]["prompt_tokens_details"]["cached_tokens"].as_u64().expect("cached_tokens");
+        (cached, r)
+    };
+    for (pool, shared) in [("", false), ("tenants = \"shared\"\nroute_headers = true", true)] {
+        let e = Engine::sim("m", &[]);
+        let proxy = Proxy::start(&policy(&auth_policy(&keys, ""), pool, &["m"], &[("e", e.url())]));
+        let (first, _) = ask(&proxy, &alice);
+        assert_eq!(first, 0);
+        // bob guesses the prompt right: with the cache shared, the hit tells him so.
+        let (guess, r) = ask(&proxy, &bob);
+        if shared {
+            assert!(guess >= 32, "shared: bob hits alice's blocks ({guess})");
+            assert!(r.header("x-warmpath-route").is_some(), "the pool opted in to routing headers");
+        } else {
+            assert_eq!(guess, 0, "apart: bob's right guess looks like any miss");
+            for h in ["x-warmpath-route", "x-warmpath-prefix-hash", "x-warmpath-backend"] {
+                assert_eq!(r.header(h), None, "{h} is not shown to keys unless the pool opts in");
+            }
+            // Each tenant still hits its own cache.
+            let (again, _) = ask(&proxy, &alice);
+            assert!(again >= 32, "alice hits her own blocks ({again})");
+        }
+    }
+}

@@ -17,6 +17,8 @@ pub struct Key {
     pub name: Arc<str>,
     pub models: Option<Vec<String>>,
     pub pools: Option<Vec<String>>,
+    /// Its group (`tenants = "group"` pools share the prefix cache within it).
+    pub group: Option<String>,
     pub limits: KeyLimits,
 }
 
@@ -87,6 +89,7 @@ impl KeyTable {
                 name: Arc::from(k.name.as_str()),
                 models: k.models.clone(),
                 pools: k.pools.clone(),
+                group: k.group.clone(),
                 limits: k.limits().or(default),
             });
             if t.by_hash.insert(hash, key.clone()).is_some() {

@@ -22,10 +22,13 @@ use std::time::{Duration, Instant, SystemTime};
 
 use warmpath_wire::openai::ApiError;
 
-use crate::config::{AuthConfig, KeyLimits};
+use crate::config::{AuthConfig, KeyLimits, Tenants};
 use crate::observe::Metrics;
 pub use keys::{Key, KeyTable};
 use limiter::{Daily, KeyState};
+
+/// Seeds the tenant salts (not a secret: the salt only has to differ between tenants).
+const SALT_SEED: u64 = 0x7761_726d_7361_6c74;
 
 /// The response headers a limited or admitted request carries.
 pub type LimitHeaders = Vec<(&'static str, String)>;
@@ -131,6 +134,21 @@ impl Auth {
     /// The key named `name`, as last loaded.
     pub fn key(&self, name: &str) -> Option<Arc<Key>> {
         self.table().by_name(name).cloned()
+    }
+
+    /// The `cache_salt` that keeps key `name`'s requests apart in a pool whose tenants are
+    /// `tenants`: a hash of the key's name (or its group's), so backends see no names; none
+    /// where the pool shares.
+    pub fn salt(&self, name: &str, tenants: Tenants) -> Option<String> {
+        let tenant = match tenants {
+            Tenants::Shared => return None,
+            Tenants::Key => format!("key:{name}"),
+            Tenants::Group => match self.key(name).and_then(|k| k.group.clone()) {
+                Some(g) => format!("group:{g}"),
+                None => format!("key:{name}"),
+            },
+        };
+        Some(format!("wp-{:016x}", xxhash_rust::xxh3::xxh3_64_with_seed(tenant.as_bytes(), SALT_SEED)))
     }
 
     /// Whether key `name` may use `model` (served by pool `pool`); true when auth is off.

@@ -78,6 +78,9 @@ pub struct KeyEntry {
     /// Only the models of these pools (any, when unset).
     #[serde(default)]
     pub pools: Option<Vec<String>>,
+    /// Keys of one group share the backends' prefix cache in pools with `tenants = "group"`.
+    #[serde(default)]
+    pub group: Option<String>,
     #[serde(default)]
     pub requests_per_minute: Option<u64>,
     #[serde(default)]

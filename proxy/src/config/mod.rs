@@ -19,7 +19,7 @@ pub use canon::{BuiltinRule, CanonConfig, NoteRole, RuleConfig, TokenizerKind, T
 pub use load::{load, locate, parse, ConfigError, Source};
 pub use pool::{
     BackendConfig, CacheAwareConfig, EmbeddedConfig, EmbeddedExecutor, IndexMode, PolicyKind, PoolConfig,
-    PrefixHashConfig, ResponseCacheConfig, ResponsesMode, SessionConfig,
+    PrefixHashConfig, ResponseCacheConfig, ResponsesMode, SessionConfig, Tenants,
 };
 pub use safety::{
     GuardConfig, InputConfig, InputMode, ModerationConfig, OnError, OutputConfig, Refusal, Release,

@@ -39,11 +39,31 @@ pub struct PoolConfig {
     pub response_cache: ResponseCacheConfig,
     #[serde(default)]
     pub safety: SafetyConfig,
+    /// With API keys: whose requests share the backends' prefix cache.
+    #[serde(default)]
+    pub tenants: Tenants,
+    /// With API keys: whether answers carry `x-warmpath-route`, `x-warmpath-prefix-hash` and
+    /// `x-warmpath-backend` (routing details say what is cached; off unless the pool opts in).
+    #[serde(default)]
+    pub route_headers: bool,
     #[serde(default)]
     pub backends: Vec<BackendConfig>,
     /// Start bundled engine replicas instead of naming backends.
     #[serde(default)]
     pub embedded: Option<EmbeddedConfig>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Tenants {
+    /// Each API key's requests are salted apart (`cache_salt`): a key never hits, or learns
+    /// of, another key's cached prefixes.
+    #[default]
+    Key,
+    /// Keys of one `group` (the keys file) share; groups are salted apart.
+    Group,
+    /// Every key shares the cache (cheapest; a key can probe for another's prompts).
+    Shared,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]

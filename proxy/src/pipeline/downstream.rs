@@ -56,10 +56,13 @@ impl Downstream for Session {
     }
 }
 
-/// A client whose answer's header gets `headers` added (the caller's rate-limit state).
+/// A client whose answer's header gets `headers` added (the caller's rate-limit state), and,
+/// with `hide_routing`, loses warmpath's routing headers (which backend, which prefix, what
+/// the router believed cached: what one tenant must not learn of another's prompts).
 pub struct Stamped<'d> {
     pub inner: &'d mut dyn Downstream,
     pub headers: &'d [(&'static str, String)],
+    pub hide_routing: bool,
 }
 
 #[async_trait]
@@ -71,6 +74,11 @@ impl Downstream for Stamped<'_> {
     ) -> pingora::Result<()> {
         for (k, v) in self.headers {
             header.insert_header(*k, v.as_str())?;
+        }
+        if self.hide_routing {
+            for h in ["x-warmpath-route", "x-warmpath-prefix-hash", "x-warmpath-backend"] {
+                header.remove_header(h);
+            }
         }
         self.inner.write_response_header(header, end).await
     }

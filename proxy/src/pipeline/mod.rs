@@ -68,6 +68,7 @@ pub async fn run(
         Err(e) => return reject(state, down, ctx, &e, "bad_request").await,
     };
     // 2. Admit.
+    let route = parsed.route;
     let Some(pool) = state.pools.for_model(parsed.model()) else {
         let e = ApiError::model_not_found(parsed.model());
         return reject(state, down, ctx, &e, "model_not_found").await;
@@ -85,10 +86,46 @@ pub async fn run(
             return respond::send_error(down, &r.error, &r.headers).await;
         }
     };
-    let mut stamped = Stamped { inner: down, headers: &ticket.headers };
-    let done = admitted(state, pool, &mut stamped, ctx, parsed, &body, head).await;
+    let mut stamped = Stamped { inner: down, headers: &ticket.headers, hide_routing: !pool.route_headers };
+    // Tenants apart: the key's salt goes to the backends as `cache_salt`, and the prefix
+    // blocks warmpath routes by are salted the same way.
+    let salt = if route == LlmRoute::Embeddings { None } else { state.auth.salt(key, pool.tenants) };
+    let done = match salt {
+        None => admitted(state, pool, &mut stamped, ctx, parsed, &body, head).await,
+        Some(salt) => {
+            let salted = with_salt(&body, &parsed, &salt);
+            match LlmRequest::parse(route, &salted) {
+                Ok(p) => admitted(state, pool, &mut stamped, ctx, p, &salted, head).await,
+                Err(e) => reject(state, &mut stamped, ctx, &e, "bad_request").await,
+            }
+        }
+    };
     ticket.settle(ctx.usage);
     done
+}
+
+/// `body` with `cache_salt` set to `salt` — joined to the client's own salt where it sent one
+/// — spliced in, every other byte as sent.
+fn with_salt(body: &Bytes, req: &LlmRequest<'_>, salt: &str) -> Bytes {
+    let quoted = |s: &str| serde_json::Value::String(s.to_owned()).to_string();
+    if let Some(raw) = req.extra_raw("cache_salt") {
+        let text = raw.get();
+        let at = text.as_ptr() as usize - body.as_ptr() as usize;
+        let theirs = serde_json::from_str::<String>(text).unwrap_or_else(|_| text.to_owned());
+        let mut out = Vec::with_capacity(body.len() + salt.len() + 1);
+        out.extend_from_slice(&body[..at]);
+        out.extend_from_slice(quoted(&format!("{salt}:{theirs}")).as_bytes());
+        out.extend_from_slice(&body[at + text.len()..]);
+        return Bytes::from(out);
+    }
+    // Parsed as an object, so it opens with `{` after any whitespace, and is not empty
+    // (`model` is required).
+    let open = body.iter().position(|b| *b == b'{').map_or(0, |i| i + 1);
+    let mut out = Vec::with_capacity(body.len() + salt.len() + 16);
+    out.extend_from_slice(&body[..open]);
+    out.extend_from_slice(format!("\"cache_salt\":{},", quoted(salt)).as_bytes());
+    out.extend_from_slice(&body[open..]);
+    Bytes::from(out)
 }
 
 /// The tokens a request may use, as far as is known before it runs: its prompt at about four

@@ -6,7 +6,7 @@ use std::sync::Arc;
 
 use crate::cache::ResponseCache;
 use crate::canon::Canon;
-use crate::config::ResponsesMode;
+use crate::config::{ResponsesMode, Tenants};
 use crate::route;
 
 /// One pool, as the stages of a request see it.
@@ -25,6 +25,10 @@ pub struct Pool {
     pub responses_tokens: bool,
     /// `[pools.safety]`: the checks its requests go through, where any are configured.
     pub safety: Option<Arc<crate::safety::Safety>>,
+    /// With API keys: whose requests share the backends' prefix cache.
+    pub tenants: Tenants,
+    /// With API keys: answers carry warmpath's routing headers.
+    pub route_headers: bool,
 }
 
 /// Every pool, and which pool serves which model.
