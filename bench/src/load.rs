@@ -30,10 +30,34 @@ impl LoadResult {
 
 pub type Sender = hyper::client::conn::http1::SendRequest<Full<Bytes>>;
 
+/// How a load client talks to its target: plain or TLS, with or without an API key, on
+/// kept-alive connections or a new one per request.
+#[derive(Clone, Default)]
+pub struct Client {
+    /// TLS to the name `localhost`, resuming sessions as the config says.
+    pub tls: Option<Arc<tokio_rustls::rustls::ClientConfig>>,
+    /// `Authorization` on every request.
+    pub auth: Option<String>,
+    /// A new connection for every request: each pays the TCP (and TLS) handshake.
+    pub fresh: bool,
+}
+
 /// A keep-alive HTTP/1.1 client connection to `addr`.
 pub async fn connect(addr: SocketAddr) -> anyhow::Result<Sender> {
+    connect_with(addr, &Client::default()).await
+}
+
+/// [`connect`] as `client` says (TLS where it has a config).
+pub async fn connect_with(addr: SocketAddr, client: &Client) -> anyhow::Result<Sender> {
     let stream = tokio::net::TcpStream::connect(addr).await?;
     stream.set_nodelay(true)?;
+    let Some(tls) = &client.tls else {
+        let (sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream)).await?;
+        tokio::spawn(conn);
+        return Ok(sender);
+    };
+    let name = tokio_rustls::rustls::pki_types::ServerName::try_from("localhost")?;
+    let stream = tokio_rustls::TlsConnector::from(tls.clone()).connect(name, stream).await?;
     let (sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream)).await?;
     tokio::spawn(conn);
     Ok(sender)
@@ -48,10 +72,24 @@ pub async fn send(
     path: &str,
     body: &Bytes,
 ) -> anyhow::Result<(u16, bool)> {
-    let req = hyper::Request::post(path)
+    send_as(sender, addr, path, body, None).await
+}
+
+/// [`send`] with `auth` as the `Authorization` header.
+pub async fn send_as(
+    sender: &mut Sender,
+    addr: SocketAddr,
+    path: &str,
+    body: &Bytes,
+    auth: Option<&str>,
+) -> anyhow::Result<(u16, bool)> {
+    let mut req = hyper::Request::post(path)
         .header("host", addr.to_string())
-        .header("content-type", "application/json")
-        .body(Full::new(body.clone()))?;
+        .header("content-type", "application/json");
+    if let Some(a) = auth {
+        req = req.header("authorization", a);
+    }
+    let req = req.body(Full::new(body.clone()))?;
     let resp = sender.send_request(req).await?;
     let status = resp.status().as_u16();
     let close = resp
@@ -62,51 +100,43 @@ pub async fn send(
     Ok((status, !close && !sender.is_closed()))
 }
 
+/// A closed loop of `total` requests over `concurrency` connections, `client`'s transport, key
+/// and connection reuse; responses with status `expect` count as successes.
 pub async fn run(
     addr: SocketAddr,
     path: &'static str,
     body: Bytes,
     concurrency: usize,
     total: usize,
-) -> LoadResult {
-    run_expecting(addr, path, body, concurrency, total, 200).await
-}
-
-/// [`run`], counting responses with status `expect` as successes.
-pub async fn run_expecting(
-    addr: SocketAddr,
-    path: &'static str,
-    body: Bytes,
-    concurrency: usize,
-    total: usize,
     expect: u16,
+    client: &Client,
 ) -> LoadResult {
     let next = Arc::new(AtomicUsize::new(0));
     let start = Instant::now();
     let tasks: Vec<_> = (0..concurrency)
         .map(|_| {
-            let (next, body) = (next.clone(), body.clone());
+            let (next, body, client) = (next.clone(), body.clone(), client.clone());
             tokio::spawn(async move {
                 let mut lat = Vec::new();
                 let mut errors = 0;
                 let mut sender = None;
                 while next.fetch_add(1, Ordering::Relaxed) < total {
                     if sender.is_none() {
-                        sender = connect(addr).await.ok();
+                        sender = connect_with(addr, &client).await.ok();
                     }
                     let Some(s) = sender.as_mut() else {
                         errors += 1;
                         continue;
                     };
                     let t = Instant::now();
-                    match send(s, addr, path, &body).await {
+                    match send_as(s, addr, path, &body, client.auth.as_deref()).await {
                         Ok((status, reusable)) => {
                             if status == expect {
                                 lat.push(t.elapsed());
                             } else {
                                 errors += 1;
                             }
-                            if !reusable {
+                            if !reusable || client.fresh {
                                 sender = None;
                             }
                         }

@@ -3,6 +3,7 @@
 mod agent;
 mod agreement;
 mod compare;
+mod edge_cost;
 mod engine;
 mod engine_vs;
 mod fleet;

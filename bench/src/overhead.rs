@@ -39,6 +39,9 @@ pub struct Args {
     /// Where the markdown report goes (default bench/results/overhead-DATE.md).
     #[arg(long)]
     out: Option<std::path::PathBuf>,
+    /// Measure the edge (TLS, API keys) in a quick run too (full runs always do).
+    #[arg(long)]
+    edge: bool,
     /// Another warmpath binary (a build of the code before a change) run beside this build's,
     /// in both configurations: the before/after ratio comes from the same run.
     #[arg(long)]
@@ -70,9 +73,10 @@ const FLOOR: Probe = Probe { path: "/v1/no-such-route", expect: 404 };
 
 async fn measure(t: &Target, body: &Bytes, n: usize, concurrency: usize, probe: Probe) -> Sample {
     // Warm connections and caches first.
-    load::run_expecting(t.addr, probe.path, body.clone(), concurrency, (n / 10).max(50), probe.expect).await;
+    let warm = (n / 10).max(50);
+    load::run(t.addr, probe.path, body.clone(), concurrency, warm, probe.expect, &t.client).await;
     let cpu0 = t.pid().map(procfs::cpu_ns);
-    let r = load::run_expecting(t.addr, probe.path, body.clone(), concurrency, n, probe.expect).await;
+    let r = load::run(t.addr, probe.path, body.clone(), concurrency, n, probe.expect, &t.client).await;
     let cpu1 = t.pid().map(procfs::cpu_ns);
     let done = r.latencies.len().max(1) as f64;
     Sample {
@@ -107,6 +111,11 @@ pub async fn run(a: Args) -> anyhow::Result<()> {
             t.name = format!("baseline {spec}");
             list.push(t);
         }
+    }
+    // The edge: HTTPS (kept-alive, and a connection per request with a full or a resumed
+    // handshake, beside plain HTTP with a connection per request), and API keys with limits.
+    if !a.quick || a.edge {
+        list.extend(crate::edge_cost::targets(up, a.proxy_threads)?);
     }
     // A second warmpath whose requests go to a path it answers itself: its floor.
     let mut floor = targets::warmpath(&[up], &[], "round_robin", a.proxy_threads, "")?;
@@ -228,6 +237,37 @@ pub async fn run(a: Args) -> anyhow::Result<()> {
                 (exact(&format!("warmpath {spec}")), exact(&format!("baseline {spec}")))
             {
                 let _ = writeln!(md, "- warmpath {spec} CPU / baseline {spec} CPU: **{:.2}×**", now / before);
+            }
+        }
+        // The edge against the plain path (same build, same run).
+        if let Some(plain) = exact("warmpath round_robin") {
+            for (name, base, base_name) in [
+                ("warmpath https", plain, "warmpath round_robin"),
+                ("warmpath API key + limits", plain, "warmpath round_robin"),
+            ] {
+                if let Some(c) = exact(name) {
+                    let _ = writeln!(
+                        md,
+                        "- {name} CPU / {base_name} CPU: **{:.2}×** (+{:.1} µs/req)",
+                        c / base,
+                        c - base
+                    );
+                }
+            }
+        }
+        if let Some(fresh) = exact("warmpath http, new connection per request") {
+            for name in [
+                "warmpath https, new connection, full handshake",
+                "warmpath https, new connection, resumed session",
+            ] {
+                if let Some(c) = exact(name) {
+                    let _ = writeln!(
+                        md,
+                        "- {name} CPU / http with a new connection per request: **{:.2}×** (the handshake: +{:.1} µs)",
+                        c / fresh,
+                        c - fresh
+                    );
+                }
             }
         }
         if let Some(wp) = exact("warmpath round_robin") {

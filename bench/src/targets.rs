@@ -16,6 +16,8 @@ pub struct Target {
     pub child: Option<Child>,
     /// warmpath's admin listener (its metrics).
     pub admin: Option<SocketAddr>,
+    /// How clients talk to it (TLS, an API key, a connection per request).
+    pub client: crate::load::Client,
 }
 
 impl Target {
@@ -64,7 +66,7 @@ pub fn sibling(name: &str) -> anyhow::Result<PathBuf> {
     Ok(bin)
 }
 
-fn work_dir(name: &str) -> anyhow::Result<PathBuf> {
+pub fn work_dir(name: &str) -> anyhow::Result<PathBuf> {
     let d = root().join("bench/.peers/run").join(name);
     std::fs::create_dir_all(&d)?;
     Ok(d)
@@ -77,11 +79,11 @@ pub fn spawn(name: &str, cmd: &mut Command, addr: SocketAddr) -> anyhow::Result<
         .stderr(Stdio::from(log))
         .spawn()
         .with_context(|| format!("starting {name}"))?;
-    Ok(Target { name: name.to_owned(), addr, child: Some(child), admin: None })
+    Ok(Target { name: name.to_owned(), addr, child: Some(child), admin: None, client: Default::default() })
 }
 
 pub fn direct(upstream: SocketAddr) -> Target {
-    Target { name: "direct".into(), addr: upstream, child: None, admin: None }
+    Target { name: "direct".into(), addr: upstream, child: None, admin: None, client: Default::default() }
 }
 
 /// The pool tables the `+features` of a warmpath target spec turn on: `canon`
@@ -237,7 +239,7 @@ pub fn rust_router(which: &str, backends: &[SocketAddr], policy: &str) -> anyhow
 pub async fn wait_ready(t: &mut Target, body: &bytes::Bytes) -> anyhow::Result<()> {
     let deadline = Instant::now() + Duration::from_secs(90);
     loop {
-        let r = crate::load::run(t.addr, "/v1/chat/completions", body.clone(), 1, 1).await;
+        let r = crate::load::run(t.addr, "/v1/chat/completions", body.clone(), 1, 1, 200, &t.client).await;
         if let Some(status) = t.child.as_mut().and_then(|c| c.try_wait().ok().flatten()) {
             anyhow::bail!(
                 "{} exited ({status}) before it was ready (see bench/.peers/run/*/log.txt)",

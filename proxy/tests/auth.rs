@@ -84,6 +84,9 @@ fn keys_guard_every_route_and_stay_warmpaths() {
     assert_eq!(r.status, 200, "{}", r.text());
     let heads = up.heads.lock().expect("lock").join("\n").to_ascii_lowercase();
     assert!(!heads.contains("authorization") && !heads.contains(&alice.to_ascii_lowercase()), "{heads}");
+    // The tenant's salt went with it (a hash: the backend sees no key name).
+    let sent = String::from_utf8_lossy(&up.bodies.lock().expect("lock")[0]).into_owned();
+    assert!(sent.starts_with(r#"{"cache_salt":"wp-"#) && !sent.contains("alice"), "{sent}");
 
     // bob may use `m` only: 403 for the other model.
     let r = post_as(&proxy, &bob, "/v1/chat/completions", &chat("other", "hi", 4));

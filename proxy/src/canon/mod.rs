@@ -285,8 +285,15 @@ fn named_tool(req: &LlmRequest<'_>) -> Option<String> {
     v.pointer("/function/name").or_else(|| v.get("name")).and_then(Value::as_str).map(str::to_owned)
 }
 
+/// The salt of the request's prefix blocks: the tenant's, joined to the request's own
+/// `cache_salt` — what the backend is sent (`pipeline`'s `with_salt`).
 fn salt_of(req: &LlmRequest<'_>) -> Option<String> {
-    req.extra_str("cache_salt").map(Cow::into_owned)
+    let own = req.extra_str("cache_salt");
+    match (&req.tenant_salt, own) {
+        (Some(t), Some(o)) => Some(format!("{t}:{o}")),
+        (Some(t), None) => Some(t.to_string()),
+        (None, o) => o.map(Cow::into_owned),
+    }
 }
 
 #[cfg(test)]

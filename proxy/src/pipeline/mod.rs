@@ -89,37 +89,28 @@ pub async fn run(
     let mut stamped = Stamped { inner: down, headers: &ticket.headers, hide_routing: !pool.route_headers };
     // Tenants apart: the key's salt goes to the backends as `cache_salt`, and the prefix
     // blocks warmpath routes by are salted the same way.
-    let salt = if route == LlmRoute::Embeddings { None } else { state.auth.salt(key, pool.tenants) };
-    let done = match salt {
-        None => admitted(state, pool, &mut stamped, ctx, parsed, &body, head).await,
-        Some(salt) => {
-            let salted = with_salt(&body, &parsed, &salt);
-            match LlmRequest::parse(route, &salted) {
-                Ok(p) => admitted(state, pool, &mut stamped, ctx, p, &salted, head).await,
-                Err(e) => reject(state, &mut stamped, ctx, &e, "bad_request").await,
-            }
-        }
-    };
+    let mut parsed = parsed;
+    if route != LlmRoute::Embeddings {
+        parsed.tenant_salt = state.auth.salt(key, pool.tenants).map(Into::into);
+    }
+    let done = admitted(state, pool, &mut stamped, ctx, parsed, &body, head).await;
     ticket.settle(ctx.usage);
     done
 }
 
-/// `body` with `cache_salt` set to `salt` — joined to the client's own salt where it sent one
-/// — spliced in, every other byte as sent.
-fn with_salt(body: &Bytes, req: &LlmRequest<'_>, salt: &str) -> Bytes {
+/// The body a backend gets for a tenant: `cache_salt` set to `salt` — joined to the client's
+/// own where it sent one (`theirs`) — every other byte as it was.
+fn with_salt(body: Bytes, salt: &str, theirs: Option<&str>) -> Bytes {
     let quoted = |s: &str| serde_json::Value::String(s.to_owned()).to_string();
-    if let Some(raw) = req.extra_raw("cache_salt") {
-        let text = raw.get();
-        let at = text.as_ptr() as usize - body.as_ptr() as usize;
-        let theirs = serde_json::from_str::<String>(text).unwrap_or_else(|_| text.to_owned());
-        let mut out = Vec::with_capacity(body.len() + salt.len() + 1);
-        out.extend_from_slice(&body[..at]);
-        out.extend_from_slice(quoted(&format!("{salt}:{theirs}")).as_bytes());
-        out.extend_from_slice(&body[at + text.len()..]);
-        return Bytes::from(out);
+    if let Some(theirs) = theirs {
+        // Rare (a client that salts its own requests under a key): rewritten whole.
+        let Ok(mut v) = serde_json::from_slice::<serde_json::Map<String, serde_json::Value>>(&body) else {
+            return body;
+        };
+        v.insert("cache_salt".into(), serde_json::Value::String(format!("{salt}:{theirs}")));
+        return Bytes::from(serde_json::Value::Object(v).to_string());
     }
-    // Parsed as an object, so it opens with `{` after any whitespace, and is not empty
-    // (`model` is required).
+    // An object that is not empty (`model` is required): the salt goes in after its `{`.
     let open = body.iter().position(|b| *b == b'{').map_or(0, |i| i + 1);
     let mut out = Vec::with_capacity(body.len() + salt.len() + 16);
     out.extend_from_slice(&body[..open]);
@@ -189,7 +180,11 @@ async fn admitted(
     let output = safety.checks_output() && parsed.route != LlmRoute::Embeddings;
     // Where the rules redacted, the stages read the rewritten body.
     let redacted = input.body.take().map(Bytes::from);
-    let reparsed = redacted.as_ref().and_then(|b| Some((LlmRequest::parse(parsed.route, b).ok()?, b)));
+    let reparsed = redacted.as_ref().and_then(|b| {
+        let mut p = LlmRequest::parse(parsed.route, b).ok()?;
+        p.tenant_salt = parsed.tenant_salt.clone();
+        Some((p, b))
+    });
     let (parsed, body) = reparsed.unwrap_or((parsed, body));
     if output {
         let shape = match parsed.route {
@@ -258,6 +253,8 @@ async fn stages(
     };
     // 5. Route key.
     let key = route_key(&pool.route, &parsed, head.session_id.as_deref(), prepared.blocks);
+    let salt =
+        parsed.tenant_salt.clone().map(|t| (t, parsed.extra_str("cache_salt").map(|c| c.into_owned())));
     drop(parsed);
     // 6. Forward.
     let out = Outgoing {
@@ -265,7 +262,13 @@ async fn stages(
         pool,
         route,
         template: &head.template,
-        body: prepared.body.map(Bytes::from).unwrap_or_else(|| body.clone()),
+        body: {
+            let out = prepared.body.map(Bytes::from).unwrap_or_else(|| body.clone());
+            match &salt {
+                Some((t, theirs)) => with_salt(out, t, theirs.as_deref()),
+                None => out,
+            }
+        },
         search: prepared.search.as_ref(),
         prefix: prefix.as_deref(),
         cache,

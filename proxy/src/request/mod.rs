@@ -206,6 +206,10 @@ pub struct LlmRequest<'a> {
     pub tools: Option<(usize, Vec<&'a RawValue>)>,
     /// Every other top-level field, in order, as raw JSON.
     pub extra: Vec<(BodyStr<'a>, &'a RawValue)>,
+    /// The caller's tenant salt (API keys kept apart in the prefix cache): joined in front of
+    /// the request's own `cache_salt` wherever prefix blocks are hashed, and put into the body
+    /// that goes to the backend.
+    pub tenant_salt: Option<std::sync::Arc<str>>,
 }
 
 impl<'a> LlmRequest<'a> {
@@ -312,7 +316,17 @@ impl<'de> Visitor<'de> for RequestSeed {
         if matches!(route, LlmRoute::Completions | LlmRoute::Embeddings) && content.is_none() {
             return Err(de::Error::missing_field(content_field));
         }
-        Ok(LlmRequest { route, model, messages, raw_messages, content, instructions, tools, extra })
+        Ok(LlmRequest {
+            route,
+            model,
+            messages,
+            raw_messages,
+            content,
+            instructions,
+            tools,
+            extra,
+            tenant_salt: None,
+        })
     }
 }
 
