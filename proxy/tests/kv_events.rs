@@ -21,7 +21,7 @@ fn cached(route: &str) -> (u64, u64) {
 
 #[test]
 fn the_precise_index_follows_engine_events_through_eviction() {
-    let ports = [free_port(), free_port()];
+    let ports: [u16; 2] = free_ports();
     let mut es: Vec<Engine> = ports
         .iter()
         .map(|p| {
@@ -131,7 +131,8 @@ fn the_precise_index_follows_engine_events_through_eviction() {
 
 #[test]
 fn a_proxy_started_later_learns_from_the_replay_what_the_engines_hold() {
-    let ports: Vec<(u16, u16)> = (0..2).map(|_| (free_port(), free_port())).collect();
+    let [a, b, c, d] = free_ports();
+    let ports = [(a, b), (c, d)];
     let es: Vec<Engine> = ports
         .iter()
         .map(|(p, r)| {

@@ -157,6 +157,14 @@ pub fn free_port() -> u16 {
     TcpListener::bind("127.0.0.1:0").and_then(|l| l.local_addr()).map(|a| a.port()).expect("free port")
 }
 
+/// `n` distinct free ports: held open together while they are picked, so that two calls in a
+/// row cannot hand out the same port (the kernel may reuse a port the moment it is closed).
+pub fn free_ports<const N: usize>() -> [u16; N] {
+    let held: Vec<TcpListener> =
+        (0..N).map(|_| TcpListener::bind("127.0.0.1:0").expect("free port")).collect();
+    std::array::from_fn(|i| held[i].local_addr().expect("addr").port())
+}
+
 /// A `warmpath` process serving a policy file; killed on drop.
 pub struct Proxy {
     pub addr: SocketAddr,
@@ -173,8 +181,9 @@ impl Proxy {
         let dir = TempDir::new();
         let file = dir.path().join("policy.toml");
         std::fs::write(&file, policy).expect("write policy");
-        let addr: SocketAddr = format!("127.0.0.1:{}", free_port()).parse().expect("addr");
-        let admin: SocketAddr = format!("127.0.0.1:{}", free_port()).parse().expect("addr");
+        let [port, admin_port] = free_ports();
+        let addr: SocketAddr = format!("127.0.0.1:{port}").parse().expect("addr");
+        let admin: SocketAddr = format!("127.0.0.1:{admin_port}").parse().expect("addr");
         let mut child = Command::new(bin("warmpath", "warmpath"))
             .arg("--config")
             .arg(&file)
