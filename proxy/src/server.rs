@@ -100,48 +100,44 @@ impl Policy {
                 }
             }
         }
-        // Listener certificates: resolved next to the policy file and loaded now, so that a
-        // bad pair fails here.
+        // Files the policy names: `$NAME` is an environment variable's value (paths kept out
+        // of the file), resolved next to the policy file, and read now so that a bad one fails
+        // here, at its key.
+        let key = |k: &str| PathSeg::Key(k.to_owned());
+        let at = |keys: &[&str], message: String| {
+            src.locate(&Invalid { path: keys.iter().map(|k| key(k)).collect(), message })
+        };
+        let resolve = |f: &std::path::Path, keys: &[&str]| {
+            let named = crate::config::from_env(&f.to_string_lossy()).map_err(|m| at(keys, m))?;
+            Ok::<_, ConfigError>(src.dir().join(named))
+        };
         for (name, tls) in [("tls", &mut cfg.server.tls), ("admin_tls", &mut cfg.server.admin_tls)] {
             let Some(t) = tls else { continue };
-            t.cert_file = src.dir().join(&t.cert_file);
-            t.key_file = src.dir().join(&t.key_file);
-            t.client_ca_file = t.client_ca_file.as_ref().map(|f| src.dir().join(f));
-            if let Err(message) = crate::tls::load_pair(&t.cert_file, &t.key_file) {
-                let path = vec![
-                    PathSeg::Key("server".into()),
-                    PathSeg::Key(name.into()),
-                    PathSeg::Key("cert_file".into()),
-                ];
-                return Err(src.locate(&Invalid { path, message }));
+            t.cert_file = resolve(&t.cert_file, &["server", name, "cert_file"])?;
+            t.key_file = resolve(&t.key_file, &["server", name, "key_file"])?;
+            if let Some(f) = &t.client_ca_file {
+                t.client_ca_file = Some(resolve(f, &["server", name, "client_ca_file"])?);
             }
+            crate::tls::load_pair(&t.cert_file, &t.key_file)
+                .map_err(|m| at(&["server", name, "cert_file"], m))?;
         }
-        // Backend TLS files, next to the policy file; read now.
         let up = &mut cfg.upstream;
-        for (key, file) in [
+        for (k, file) in [
             ("ca_file", &mut up.ca_file),
             ("client_cert_file", &mut up.client_cert_file),
             ("client_key_file", &mut up.client_key_file),
         ] {
             if let Some(f) = file {
-                *f = src.dir().join(&*f);
+                *f = resolve(f, &["upstream", k])?;
                 if let Err(e) = std::fs::read(&*f) {
-                    let path = vec![PathSeg::Key("upstream".into()), PathSeg::Key(key.into())];
-                    return Err(
-                        src.locate(&Invalid { path, message: format!("cannot read {}: {e}", f.display()) })
-                    );
+                    return Err(at(&["upstream", k], format!("cannot read {}: {e}", f.display())));
                 }
             }
         }
-        // The keys file, where the policy names one: resolved next to it, and read now so
-        // that a bad one fails here.
         if let Some(f) = &cfg.auth.keys_file {
-            let path = src.dir().join(f);
-            let at = |message: String| {
-                let path = vec![PathSeg::Key("auth".into()), PathSeg::Key("keys_file".into())];
-                src.locate(&Invalid { path, message })
-            };
-            crate::auth::KeyTable::load(&path, &cfg.auth.limits).map_err(at)?;
+            let path = resolve(f, &["auth", "keys_file"])?;
+            crate::auth::KeyTable::load(&path, &cfg.auth.limits)
+                .map_err(|m| at(&["auth", "keys_file"], m))?;
             cfg.auth.keys_file = Some(path);
         }
         Ok(Policy { cfg, externals })

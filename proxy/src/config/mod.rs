@@ -26,7 +26,7 @@ pub use safety::{
     RuleAction, RulesConfig, SafetyConfig, Stage, DETECTORS,
 };
 pub use sessions::{ConversationConfig, StoreKind, WebSocketConfig};
-pub use types::{BackendUrl, Pattern, Ratio, RedisUrl};
+pub use types::{from_env, BackendUrl, Pattern, Ratio, RedisUrl};
 pub use validate::{validate, Invalid, PathSeg};
 
 use std::net::SocketAddr;

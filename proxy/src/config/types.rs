@@ -120,7 +120,18 @@ impl RedisUrl {
 impl<'de> Deserialize<'de> for RedisUrl {
     fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
         let s = String::deserialize(d)?;
+        let s = from_env(&s).map_err(serde::de::Error::custom)?;
         RedisUrl::parse(&s).map_err(serde::de::Error::custom)
+    }
+}
+
+/// A value that may live in the environment: `$NAME` is the variable NAME's value (a secret
+/// kept out of the policy file: a Redis URL with its password, a key file's path); anything
+/// else is itself.
+pub fn from_env(value: &str) -> Result<String, String> {
+    match value.strip_prefix('$') {
+        Some(name) => std::env::var(name).map_err(|_| format!("the environment variable {name} is not set")),
+        None => Ok(value.to_owned()),
     }
 }
 
@@ -190,6 +201,20 @@ mod tests {
         ] {
             assert!(BackendUrl::parse(bad).is_err(), "{bad}");
         }
+    }
+
+    #[test]
+    fn values_from_the_environment() {
+        std::env::set_var("WARMPATH_TYPES_TEST_URL", "redis://:pw@cache:6390");
+        assert_eq!(from_env("plain").as_deref(), Ok("plain"));
+        assert_eq!(from_env("$WARMPATH_TYPES_TEST_URL").as_deref(), Ok("redis://:pw@cache:6390"));
+        assert!(from_env("$WARMPATH_TYPES_TEST_UNSET").is_err());
+        let u: RedisUrl = toml::from_str::<toml::Value>("u = \"$WARMPATH_TYPES_TEST_URL\"").expect("toml")
+            ["u"]
+            .clone()
+            .try_into()
+            .expect("url from the environment");
+        assert_eq!((u.addr.as_str(), u.password.as_deref()), ("cache:6390", Some("pw")));
     }
 
     #[test]
