@@ -7,7 +7,8 @@
 //! and the request must fit the key's limits (429 `rate_limit_exceeded` with `retry-after`,
 //! as OpenAI answers, so clients' own backoff works). An admitted request holds a [`Ticket`]:
 //! its concurrency slot, the tokens reserved for it, and the `x-ratelimit-*` headers its answer
-//! carries; the ticket is settled with the answer's real usage.
+//! carries; the ticket is settled with the answer's real usage. Tenants are kept apart in the
+//! backends' prefix cache by a salt per key or group ([`Auth::salt`], [`salted_body`]).
 //!
 //! Limits are kept in this process. Every replica counts on its own (a fleet of N replicas
 //! allows up to N times a limit); keys are read from a file each replica watches.
@@ -302,6 +303,27 @@ impl Auth {
     }
 }
 
+/// The body a backend gets for a tenant: `cache_salt` set to `salt` — joined to the client's
+/// own where it sent one (`theirs`) — every other byte as it was.
+pub fn salted_body(body: bytes::Bytes, salt: &str, theirs: Option<&str>) -> bytes::Bytes {
+    let quoted = |s: &str| serde_json::Value::String(s.to_owned()).to_string();
+    if let Some(theirs) = theirs {
+        // Rare (a client that salts its own requests under a key): rewritten whole.
+        let Ok(mut v) = serde_json::from_slice::<serde_json::Map<String, serde_json::Value>>(&body) else {
+            return body;
+        };
+        v.insert("cache_salt".into(), serde_json::Value::String(format!("{salt}:{theirs}")));
+        return bytes::Bytes::from(serde_json::Value::Object(v).to_string());
+    }
+    // An object that is not empty (`model` is required): the salt goes in after its `{`.
+    let open = body.iter().position(|b| *b == b'{').map_or(0, |i| i + 1);
+    let mut out = Vec::with_capacity(body.len() + salt.len() + 16);
+    out.extend_from_slice(&body[..open]);
+    out.extend_from_slice(format!("\"cache_salt\":{},", quoted(salt)).as_bytes());
+    out.extend_from_slice(&body[open..]);
+    bytes::Bytes::from(out)
+}
+
 /// Re-reads the keys file when it changes (`warmpath keys add` takes effect without a
 /// restart), every `interval`.
 pub struct WatchKeys {
@@ -478,6 +500,17 @@ mod tests {
     fn entry(name: &str, key: &str, extra: &str) -> String {
         let hex: String = keys::digest(key.as_bytes()).iter().map(|b| format!("{b:02x}")).collect();
         format!("[[keys]]\nname = {name:?}\nsha256 = {hex:?}\n{extra}\n")
+    }
+
+    #[test]
+    fn a_salt_goes_into_the_body_without_touching_the_rest() {
+        let body = bytes::Bytes::from_static(br#"{"model":"m","messages":[]}"#);
+        let out = salted_body(body.clone(), "wp-1", None);
+        assert_eq!(&out[..], br#"{"cache_salt":"wp-1","model":"m","messages":[]}"#);
+        let theirs = bytes::Bytes::from_static(br#"{"model":"m","cache_salt":"mine"}"#);
+        let v: serde_json::Value =
+            serde_json::from_slice(&salted_body(theirs, "wp-1", Some("mine"))).expect("json");
+        assert_eq!(v["cache_salt"], "wp-1:mine");
     }
 
     #[test]

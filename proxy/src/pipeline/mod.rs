@@ -98,27 +98,6 @@ pub async fn run(
     done
 }
 
-/// The body a backend gets for a tenant: `cache_salt` set to `salt` — joined to the client's
-/// own where it sent one (`theirs`) — every other byte as it was.
-fn with_salt(body: Bytes, salt: &str, theirs: Option<&str>) -> Bytes {
-    let quoted = |s: &str| serde_json::Value::String(s.to_owned()).to_string();
-    if let Some(theirs) = theirs {
-        // Rare (a client that salts its own requests under a key): rewritten whole.
-        let Ok(mut v) = serde_json::from_slice::<serde_json::Map<String, serde_json::Value>>(&body) else {
-            return body;
-        };
-        v.insert("cache_salt".into(), serde_json::Value::String(format!("{salt}:{theirs}")));
-        return Bytes::from(serde_json::Value::Object(v).to_string());
-    }
-    // An object that is not empty (`model` is required): the salt goes in after its `{`.
-    let open = body.iter().position(|b| *b == b'{').map_or(0, |i| i + 1);
-    let mut out = Vec::with_capacity(body.len() + salt.len() + 16);
-    out.extend_from_slice(&body[..open]);
-    out.extend_from_slice(format!("\"cache_salt\":{},", quoted(salt)).as_bytes());
-    out.extend_from_slice(&body[open..]);
-    Bytes::from(out)
-}
-
 /// The tokens a request may use, as far as is known before it runs: its prompt at about four
 /// bytes a token, and the most it may write (`max_tokens`, `max_completion_tokens`,
 /// `max_output_tokens`); its answer's usage settles the difference.
@@ -265,7 +244,7 @@ async fn stages(
         body: {
             let out = prepared.body.map(Bytes::from).unwrap_or_else(|| body.clone());
             match &salt {
-                Some((t, theirs)) => with_salt(out, t, theirs.as_deref()),
+                Some((t, theirs)) => crate::auth::salted_body(out, t, theirs.as_deref()),
                 None => out,
             }
         },
