@@ -275,7 +275,7 @@ pub fn run(policy: Policy) -> anyhow::Result<()> {
         upstream: upstream.clone(),
         sessions: Arc::new(crate::session::Store::new(&cfg.session).map_err(anyhow::Error::msg)?),
         ws: Connections::new(metrics.ws_connections.with_label_values(&["api"])),
-        auth: Arc::new(Auth::new(&cfg.auth, Path::new(""), &metrics).map_err(anyhow::Error::msg)?),
+        auth: Arc::new(Auth::new(&cfg.auth, &metrics).map_err(anyhow::Error::msg)?),
     });
     let _ = late.set(Arc::downgrade(&state));
     let keys = background_service(

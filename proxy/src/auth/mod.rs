@@ -17,7 +17,7 @@ pub mod keys;
 pub mod limiter;
 
 use std::collections::HashMap;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::{Duration, Instant, SystemTime};
 
@@ -59,26 +59,21 @@ pub struct Refusal {
 }
 
 impl Auth {
-    /// `[auth]` of a policy file in `dir`: the keys file read (an error names it).
-    pub fn new(cfg: &AuthConfig, dir: &Path, metrics: &Metrics) -> Result<Auth, String> {
-        let file = cfg.keys_file.as_ref().map(|f| dir.join(f));
+    /// `[auth]` of a loaded policy (its keys file path resolved): the keys file read (an
+    /// error names it).
+    pub fn new(cfg: &AuthConfig, metrics: &Metrics) -> Result<Auth, String> {
         let auth = Auth {
             enabled: cfg.enabled,
             default: cfg.limits.clone(),
             table: RwLock::new(Arc::new(KeyTable::default())),
             states: Mutex::new(HashMap::new()),
-            file: file.map(|f| (f, Mutex::new(None))),
+            file: cfg.keys_file.clone().map(|f| (f, Mutex::new(None))),
             metrics: metrics.clone(),
         };
         if auth.enabled {
             auth.reload()?;
         }
         Ok(auth)
-    }
-
-    /// Off: every caller is anonymous and unlimited.
-    pub fn enabled(&self) -> bool {
-        self.enabled
     }
 
     /// Re-reads the keys file if it changed since it was last read; true when it was. A file
@@ -105,7 +100,7 @@ impl Auth {
         Ok(true)
     }
 
-    /// How often [`Auth::reload`] should run, where there is a file to watch.
+    /// Whether there is a keys file for [`WatchKeys`] to watch.
     pub fn watches(&self) -> bool {
         self.enabled && self.file.is_some()
     }
@@ -152,12 +147,9 @@ impl Auth {
         Some(format!("wp-{:016x}", xxhash_rust::xxh3::xxh3_64_with_seed(tenant.as_bytes(), SALT_SEED)))
     }
 
-    /// Whether key `name` may use `model` (served by pool `pool`); true when auth is off.
-    pub fn may_use(&self, name: Option<&str>, pool: &str, model: &str) -> bool {
-        match name {
-            None => !self.enabled,
-            Some(n) => self.key(n).is_some_and(|k| k.may_use(pool, model)),
-        }
+    /// Whether key `name` may use `model` (served by pool `pool`).
+    pub fn may_use(&self, name: &str, pool: &str, model: &str) -> bool {
+        self.key(name).is_some_and(|k| k.may_use(pool, model))
     }
 
     fn state(&self, key: &Key) -> Arc<Mutex<KeyState>> {
@@ -492,7 +484,7 @@ mod tests {
 
     fn auth(keys: &str, default: KeyLimits) -> Auth {
         let table = KeyTable::parse(keys, &default).expect("keys");
-        let a = Auth::new(&AuthConfig::default(), Path::new("."), &Metrics::new()).expect("auth");
+        let a = Auth::new(&AuthConfig::default(), &Metrics::new()).expect("auth");
         *a.table.write().expect("lock") = Arc::new(table);
         Auth { enabled: true, ..a }
     }

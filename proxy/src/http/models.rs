@@ -42,7 +42,7 @@ pub async fn serve(state: &AppState, session: &mut Session, ctx: &mut RequestCtx
             let Some(id) = m.get("id").and_then(Value::as_str) else { continue };
             let routed_here = state.pools.for_model(id).is_some_and(|p| p.name == b.pool);
             // A key limited to some models lists only those.
-            let allowed = ctx.key.is_none() || state.auth.may_use(ctx.key.as_deref(), &b.pool, id);
+            let allowed = ctx.key.as_deref().is_none_or(|k| state.auth.may_use(k, &b.pool, id));
             if routed_here && allowed && seen.insert(id.to_owned()) {
                 data.push(m.clone());
             }

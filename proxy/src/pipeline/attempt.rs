@@ -105,9 +105,7 @@ pub(super) async fn open(
             Err(e) => return Ok(Reached::Failed(Failure::Io(FailKind::of(&e)))),
         };
         let mut req = template.build(&peer.url.base_path, &peer.authority, body.len())?;
-        if let Some(a) = &peer.authorization {
-            req.insert_header(http::header::AUTHORIZATION, a.clone())?;
-        }
+        peer.authorize(&mut req)?;
         match send(&mut up, req, body, down).await {
             Ok(Sent::Header) => {
                 let Some(header) = up.response_header().cloned() else {

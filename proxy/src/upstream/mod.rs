@@ -27,7 +27,7 @@ pub struct Peer {
     pub http: HttpPeer,
     /// `Authorization` for every request to this backend (its own API key), replacing the
     /// client's.
-    pub authorization: Option<http::HeaderValue>,
+    authorization: Option<http::HeaderValue>,
 }
 
 impl Peer {
@@ -47,6 +47,15 @@ impl Peer {
         peer.options.write_timeout = Some(ms(up.idle_timeout_ms));
         peer.options.idle_timeout = Some(ms(up.pool_idle_timeout_ms));
         Ok(Peer { authority: url.authority(), url, http: peer, authorization: None })
+    }
+
+    /// Puts the backend's own key on a request to it (in place of the client's), where it has
+    /// one: every request to a backend is built through here.
+    pub fn authorize(&self, req: &mut RequestHeader) -> pingora::Result<()> {
+        if let Some(a) = &self.authorization {
+            req.insert_header(http::header::AUTHORIZATION, a.clone())?;
+        }
+        Ok(())
     }
 
     /// The backend's own API key, sent on every request to it.
@@ -177,9 +186,7 @@ pub async fn get(up: &Upstream, peer: &Peer, path: &str, timeout: Duration) -> R
         let (mut s, _) = up.connect(peer).await.map_err(|e| e.to_string())?;
         let mut req = RequestHeader::build("GET", full.as_bytes(), Some(2)).map_err(|e| e.to_string())?;
         req.insert_header(http::header::HOST, peer.authority.as_str()).map_err(|e| e.to_string())?;
-        if let Some(a) = &peer.authorization {
-            req.insert_header(http::header::AUTHORIZATION, a.clone()).map_err(|e| e.to_string())?;
-        }
+        peer.authorize(&mut req).map_err(|e| e.to_string())?;
         s.write_request_header(Box::new(req)).await.map_err(|e| e.to_string())?;
         s.finish_request_body().await.map_err(|e| e.to_string())?;
         read_whole(up, peer, s).await
