@@ -25,29 +25,45 @@ pub enum Pumped {
     UpstreamCut(FailKind),
 }
 
-/// The last bytes relayed, to tell where the stream stopped.
+/// The last `KEEP` bytes of what went by. Pushing appends, and the front is dropped only once
+/// the buffer holds twice what it keeps, so a long stream of small chunks moves each byte a
+/// bounded number of times.
 #[derive(Debug, Default)]
-pub struct Tail {
-    buf: Vec<u8>,
+struct LastBytes<const KEEP: usize>(Vec<u8>);
+
+impl<const KEEP: usize> LastBytes<KEEP> {
+    fn push(&mut self, b: &[u8]) {
+        self.0.extend_from_slice(&b[b.len().saturating_sub(KEEP)..]);
+        if self.0.len() > 2 * KEEP {
+            let excess = self.0.len() - KEEP;
+            self.0.drain(..excess);
+        }
+    }
+
+    fn bytes(&self) -> &[u8] {
+        &self.0[self.0.len().saturating_sub(KEEP)..]
+    }
 }
 
-impl Tail {
-    const KEEP: usize = 32;
+/// The last bytes relayed, to tell where the stream stopped.
+#[derive(Debug, Default)]
+pub struct Tail(LastBytes<32>);
 
+impl Tail {
     pub fn push(&mut self, b: &[u8]) {
-        self.buf.extend_from_slice(&b[b.len().saturating_sub(Self::KEEP)..]);
-        let excess = self.buf.len().saturating_sub(Self::KEEP);
-        self.buf.drain(..excess);
+        self.0.push(b);
     }
 
     /// The stream stopped between two events (or before the first).
     pub fn at_event_boundary(&self) -> bool {
-        self.buf.is_empty() || self.buf.ends_with(b"\n\n") || self.buf.ends_with(b"\r\n\r\n")
+        let buf = self.0.bytes();
+        buf.is_empty() || buf.ends_with(b"\n\n") || buf.ends_with(b"\r\n\r\n")
     }
 
     /// The last event was `data: [DONE]`.
     pub fn saw_done(&self) -> bool {
-        let t = self.buf.strip_suffix(b"\n\n").or_else(|| self.buf.strip_suffix(b"\r\n\r\n")).unwrap_or(&[]);
+        let buf = self.0.bytes();
+        let t = buf.strip_suffix(b"\n\n").or_else(|| buf.strip_suffix(b"\r\n\r\n")).unwrap_or(&[]);
         t.ends_with(b"data: [DONE]") || t.ends_with(b"data:[DONE]")
     }
 }
@@ -56,22 +72,16 @@ impl Tail {
 /// chunk put `usage`): prompt and completion tokens (`input_tokens` / `output_tokens` in a
 /// Responses answer).
 #[derive(Debug, Default)]
-pub struct UsageTail {
-    buf: Vec<u8>,
-}
+pub struct UsageTail(LastBytes<4096>);
 
 impl UsageTail {
-    const KEEP: usize = 4096;
-
     pub fn push(&mut self, b: &[u8]) {
-        self.buf.extend_from_slice(&b[b.len().saturating_sub(Self::KEEP)..]);
-        let excess = self.buf.len().saturating_sub(Self::KEEP);
-        self.buf.drain(..excess);
+        self.0.push(b);
     }
 
     /// The last `usage` seen, if the answer ended with one.
     pub fn usage(&self) -> Option<(u64, u64)> {
-        let text = String::from_utf8_lossy(&self.buf);
+        let text = String::from_utf8_lossy(self.0.bytes());
         let at = text.rfind("\"usage\"")?;
         let rest = &text[at..];
         let rest = &rest[..rest.find('}').unwrap_or(rest.len())];
@@ -389,6 +399,23 @@ mod tests {
         let mut long = Tail::default();
         long.push(&[b'x'; 100]);
         long.push(b"\n\n");
-        assert_eq!(long.buf.len(), Tail::KEEP);
+        assert_eq!(long.0.bytes().len(), 32);
+        assert!(long.0 .0.len() <= 64, "the buffer stays bounded");
+        assert!(long.at_event_boundary());
+    }
+
+    #[test]
+    fn usage_is_read_from_the_end_of_an_answer() {
+        let mut u = UsageTail::default();
+        for _ in 0..2000 {
+            u.push(b"data: {\"choices\":[{\"delta\":{\"content\":\"x\"}}]}\n\n");
+        }
+        assert_eq!(u.usage(), None);
+        u.push(b"data: {\"choices\":[],\"usage\":{\"prompt_tokens\":12,\"completion_tokens\":2000}}\n\ndata: [DONE]\n\n");
+        assert_eq!(u.usage(), Some((12, 2000)));
+        let mut r = UsageTail::default();
+        r.push(br#"{"object":"response","usage":{"input_tokens":7,"output_tokens":3,"total_tokens":10}}"#);
+        assert_eq!(r.usage(), Some((7, 3)));
+        assert!(u.0 .0.len() <= 2 * 4096, "the buffer stays bounded");
     }
 }
