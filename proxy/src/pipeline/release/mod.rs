@@ -3,14 +3,14 @@
 //! `[pools.safety.output] release` says — `after_check` (a window waits for its verdict),
 //! `stream` (text goes at once, checks trail it) or `buffered` (up to `lag_tokens` held back).
 //!
-//! A stream (chat or completions SSE) is cut into events; each event with text counts as one
-//! token (servers stream one token per event). A window closes after `window_tokens` of them or
+//! A stream (chat or completions SSE, or a backend's own Responses events: `responses`) is cut
+//! into events; each event with text counts as one token (servers stream one token per event). A window closes after `window_tokens` of them or
 //! at a finish; it is judged with the last `overlap_tokens` pieces of the previous window in
 //! front, so that a finding split between windows is seen. A block cuts the stream: what is
 //! still held is dropped, a closing chunk with `finish_reason: "content_filter"` and
 //! `data: [DONE]` end it, and the backend call is dropped (writes fail, `gone` resolves). A
-//! whole answer is judged whole before any of it goes out: cut, it keeps its shape with empty
-//! text and `content_filter`. Redaction masks spans in text still held.
+//! whole answer is judged whole before any of it goes out (`whole`): cut, it keeps its shape
+//! with empty text and `content_filter`. Redaction masks spans in text still held.
 
 use std::collections::{BTreeMap, VecDeque};
 use std::sync::Arc;
@@ -28,6 +28,9 @@ use super::headers::is_sse;
 use crate::config::Release;
 use crate::safety::texts::{self, Loc};
 use crate::safety::{Decision, Pending, Safety, Turn};
+
+mod responses;
+mod whole;
 
 /// Largest whole answer held for its checks.
 const MAX_WHOLE: usize = 16 << 20;
@@ -324,35 +327,6 @@ impl<'d> OutputRelease<'d> {
         Bytes::from(format!("{head}data: {v}\n\n"))
     }
 
-    /// A Responses event that is not a delta, as it goes out: the response object and the
-    /// output items remembered (for a cut's ending), and texts it states again written as the
-    /// client was shown them where a mask changed them.
-    fn noted(&mut self, bytes: Bytes, mut v: Value) -> Bytes {
-        let masked: Vec<u32> =
-            self.masks.iter().filter(|(_, ms)| ms.iter().any(|m| m.placed)).map(|(c, _)| *c).collect();
-        let released = &self.released;
-        let shown = |choice: u32, loc: Loc| -> Option<String> {
-            masked.contains(&choice).then(|| released.get(&(choice, loc)).cloned().unwrap_or_default())
-        };
-        let changed = !masked.is_empty() && texts::restate(&mut v, &shown);
-        let kind = v.get("type").and_then(Value::as_str).unwrap_or("");
-        let index = v.get("output_index").and_then(Value::as_u64).unwrap_or(0) as u32;
-        match kind {
-            "response.created" | "response.in_progress" => self.response = v.get("response").cloned(),
-            "response.output_item.added" | "response.output_item.done" => {
-                if let Some(item) = v.get("item") {
-                    self.items.insert(index, (item.clone(), kind.ends_with("done")));
-                }
-            }
-            _ => {}
-        }
-        if !changed {
-            return bytes;
-        }
-        let Some((head, _)) = split_data(&bytes) else { return bytes };
-        Bytes::from(format!("{head}data: {v}\n\n"))
-    }
-
     /// Takes in the verdicts that are in, in order; true when one blocks.
     fn settle(&mut self) -> bool {
         for j in &mut self.judging {
@@ -418,14 +392,7 @@ impl<'d> OutputRelease<'d> {
         self.closed = true;
         self.held.clear();
         let out = if self.shape == Shape::Responses {
-            let released = &self.released;
-            let shown = |choice: u32, loc: Loc| released.get(&(choice, loc)).cloned();
-            let output = std::mem::take(&mut self.items)
-                .into_iter()
-                .map(|(i, (item, done))| if done { item } else { texts::partial_item(item, i, &shown) })
-                .collect();
-            let event = texts::cut_response(self.response.as_ref(), output, self.last_seq);
-            format!("event: response.incomplete\ndata: {event}\n\n")
+            self.responses_cut()
         } else {
             let choices: Vec<u32> = self.choices.keys().copied().collect();
             let completion = self.shape == Shape::Completion;
@@ -445,58 +412,18 @@ impl<'d> OutputRelease<'d> {
         }
         Ok(())
     }
+}
 
-    /// A whole answer, judged: released as it is, masked, or emptied.
-    async fn release_whole(
-        &mut self,
-        mut header: Box<ResponseHeader>,
-        body: BytesMut,
-    ) -> pingora::Result<()> {
-        let Ok(mut v) = serde_json::from_slice::<Value>(&body) else {
-            header.insert_header("x-warmpath-safety", "output=unchecked")?;
-            self.inner.write_response_header(header, false).await?;
-            return self.inner.write_response_body(Some(body.freeze()), true).await;
-        };
-        let pieces = texts::pieces(&v).pieces;
-        let judged: Vec<(String, usize)> = pieces.iter().map(|p| (p.text.clone(), 0)).collect();
-        let mut j = self.safety.output(&self.context, &judged);
-        let decision = match (&j.now, &mut j.pending) {
-            (Decision::Pass, Some(p)) => p.decided().await,
-            (d, _) => d.clone(),
-        };
-        let unsure = j.pending.as_ref().is_some_and(|p| !p.is_verdict());
-        let word = if decision.blocks() {
-            texts::filter_whole(&mut v);
-            "block"
-        } else {
-            let mut per_choice: BTreeMap<u32, String> = BTreeMap::new();
-            for (p, spans) in pieces.iter().zip(&j.redact) {
-                let masked = (!spans.is_empty())
-                    .then(|| texts::mask(&p.text, 0, spans, &mut vec![false; spans.len()]));
-                if p.loc.is_text() {
-                    per_choice.entry(p.choice).or_default().push_str(masked.as_deref().unwrap_or(&p.text));
-                }
-                if let Some(text) = masked {
-                    texts::put(&mut v, p.choice, p.loc, text);
-                }
-            }
-            if !unsure {
-                self.safety.passed_output(&per_choice.into_values().collect::<Vec<_>>());
-            }
-            "pass"
-        };
-        self.blocked = decision.blocks();
-        let out = if decision.blocks() || j.redact.iter().any(|s| !s.is_empty()) {
-            Bytes::from(v.to_string())
-        } else {
-            body.freeze()
-        };
-        header.remove_header(&http::header::TRANSFER_ENCODING);
-        header.insert_header(http::header::CONTENT_LENGTH, out.len().to_string())?;
-        header.insert_header("x-warmpath-safety", format!("output={word}"))?;
-        self.inner.write_response_header(header, false).await?;
-        self.inner.write_response_body(Some(out), true).await
+/// The answer's text per choice (its text pieces joined, tool-call arguments left out), as
+/// it is remembered once it passed.
+fn answer_texts<'t>(pieces: impl Iterator<Item = (u32, Loc, &'t str)>) -> Vec<String> {
+    let mut per_choice: BTreeMap<u32, String> = BTreeMap::new();
+    for (choice, loc, text) in pieces {
+        if loc.is_text() {
+            per_choice.entry(choice).or_default().push_str(text);
+        }
     }
+    per_choice.into_values().collect()
 }
 
 /// An event's lines before its data, and its data (one `data:` line).
@@ -593,13 +520,8 @@ impl Downstream for OutputRelease<'_> {
         }
         if end {
             self.closed = true;
-            let mut per_choice: BTreeMap<u32, String> = BTreeMap::new();
-            for ((choice, loc), text) in std::mem::take(&mut self.released) {
-                if loc.is_text() {
-                    per_choice.entry(choice).or_default().push_str(&text);
-                }
-            }
-            let texts: Vec<String> = per_choice.into_values().collect();
+            let released = std::mem::take(&mut self.released);
+            let texts = answer_texts(released.iter().map(|((c, l), t)| (*c, *l, t.as_str())));
             if !self.unsure {
                 self.safety.passed_output(&texts);
             }
