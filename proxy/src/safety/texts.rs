@@ -242,11 +242,7 @@ fn event_pieces(kind: &str, v: &Value) -> Carried {
     let loc = match kind {
         "response.output_text.delta" => Loc::Part(part),
         "response.function_call_arguments.delta" => Loc::Arguments,
-        "response.output_item.done" => {
-            out.finished.push(item);
-            return out;
-        }
-        "response.completed" | "response.incomplete" | "response.failed" => {
+        "response.output_item.done" | "response.completed" | "response.incomplete" | "response.failed" => {
             out.finished.push(item);
             return out;
         }
@@ -272,6 +268,13 @@ fn item_pieces(v: &Value, f: &mut dyn FnMut(Loc, &str)) {
         Some("function_call") => f(Loc::Arguments, v.get("arguments").and_then(Value::as_str).unwrap_or("")),
         _ => {}
     }
+}
+
+/// Where output item `v` holds text.
+fn item_locs(v: &Value) -> Vec<Loc> {
+    let mut locs = Vec::new();
+    item_pieces(v, &mut |loc, _| locs.push(loc));
+    locs
 }
 
 /// The slot of `loc` in Responses output item `v`.
@@ -356,10 +359,8 @@ pub fn restate(v: &mut Value, shown: Shown<'_>) -> bool {
 
 /// Output item `v` (number `item`) with each text `shown` gives; true when it changed.
 fn restate_item(v: &mut Value, item: u32, shown: Shown<'_>) -> bool {
-    let mut locs = Vec::new();
-    item_pieces(v, &mut |loc, _| locs.push(loc));
     let mut any = false;
-    for loc in locs {
+    for loc in item_locs(v) {
         if let (Some(text), Some(slot)) = (shown(item, loc), item_slot(v, loc)) {
             *slot = Value::String(text);
             any = true;
@@ -376,9 +377,7 @@ pub fn partial_item(mut v: Value, item: u32, shown: Shown<'_>) -> Value {
     {
         v["content"] = serde_json::json!([{"type": "output_text", "text": "", "annotations": []}]);
     }
-    let mut locs = Vec::new();
-    item_pieces(&v, &mut |loc, _| locs.push(loc));
-    for loc in locs {
+    for loc in item_locs(&v) {
         let text = shown(item, loc).unwrap_or_default();
         if let Some(slot) = item_slot(&mut v, loc) {
             *slot = Value::String(text);
@@ -431,9 +430,7 @@ pub fn filter_whole(v: &mut Value) {
     if let Some(items) = v.get_mut("output").and_then(Value::as_array_mut) {
         items.retain(|i| i.get("type").and_then(Value::as_str) != Some("function_call"));
         for item in items.iter_mut() {
-            let mut locs = Vec::new();
-            item_pieces(item, &mut |loc, _| locs.push(loc));
-            for loc in locs {
+            for loc in item_locs(item) {
                 if let Some(slot) = item_slot(item, loc) {
                     *slot = Value::String(String::new());
                 }
