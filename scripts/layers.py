@@ -13,7 +13,7 @@ import sys
 # Bottom first. A module may import from the layers before its own.
 LAYERS = [
     ["config", "request", "observe"],          # foundations: plain data, the parsed request, metrics
-    ["limits", "upstream", "tls"],             # connection-level limits and TLS, connections to backends
+    ["limits", "upstream", "tls", "shared"],   # connection-level limits and TLS, connections to backends and to Redis
     ["tools", "safety"],                       # deferred tool discovery, safety checks (pure)
     ["canon", "cache", "session", "route", "embedded", "auth"],  # the stages, each owning its state
     ["state"],                                 # shared state, pools with every stage's part, request context

@@ -43,7 +43,8 @@ pub enum Command {
 #[derive(Debug, Subcommand)]
 pub enum KeysCommand {
     /// Makes a new key named NAME: prints the key (once; only its SHA-256 is stored) and
-    /// appends it to the keys file.
+    /// appends it to the keys file, or stores it in Redis where the policy's
+    /// `[auth] keys_store = "redis"`.
     Add {
         name: String,
         /// The keys file; default: the policy file's `[auth] keys_file`.
@@ -53,6 +54,73 @@ pub enum KeysCommand {
         #[arg(long, value_delimiter = ',')]
         models: Option<Vec<String>>,
     },
+    /// Removes the key named NAME from Redis (`keys_store = "redis"`; in a keys file, delete
+    /// its `[[keys]]` table).
+    Remove { name: String },
+    /// Lists the keys kept in Redis by name (never the keys themselves).
+    List,
+}
+
+/// `warmpath keys add|remove|list` against the Redis of the policy at `config`.
+fn redis_keys(config: &std::path::Path, command: KeysCommand) -> ExitCode {
+    let policy = match Policy::load(config) {
+        Ok(p) => p,
+        Err(e) => {
+            eprintln!("{e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let redis = match crate::shared::Shared::new(&policy.cfg.redis) {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!("{}: {e}", config.display());
+            return ExitCode::FAILURE;
+        }
+    };
+    let rt = match tokio::runtime::Builder::new_current_thread().enable_all().build() {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("warmpath keys: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let done = rt.block_on(async {
+        match command {
+            KeysCommand::Add { name, models, .. } => {
+                let (key, entry) = crate::auth::keys::new_entry(&name, models)?;
+                crate::auth::store::add(&redis, &entry).await?;
+                eprintln!("added key {name:?} to Redis (only its hash is stored; this is the one time it is shown):");
+                println!("{key}");
+                Ok(())
+            }
+            KeysCommand::Remove { name } => match crate::auth::store::remove(&redis, &name).await? {
+                true => {
+                    eprintln!("removed key {name:?}; replicas drop it within [auth] reload_interval_ms");
+                    Ok(())
+                }
+                false => Err(format!("no key named {name:?}")),
+            },
+            KeysCommand::List => {
+                for e in crate::auth::store::list(&redis).await? {
+                    let models = e.models.map_or("any model".to_owned(), |m| m.join(","));
+                    println!("{}\t{models}", e.name);
+                }
+                Ok(())
+            }
+        }
+    });
+    match done {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("warmpath keys: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// Whether the policy at `config` keeps its keys in Redis.
+fn keys_in_redis(config: &std::path::Path) -> bool {
+    crate::config::load(config).is_ok_and(|c| c.auth.keys_store == crate::config::KeysStore::Redis)
 }
 
 /// `warmpath keys add`.
@@ -97,8 +165,19 @@ fn add_key(
 pub fn main() -> ExitCode {
     let cli = Cli::parse();
     match cli.command {
+        Some(Command::Keys { command: KeysCommand::Add { name, file: Some(file), models } }) => {
+            add_key(&cli.config, &name, Some(file), models)
+        }
+        Some(Command::Keys { command }) if keys_in_redis(&cli.config) => redis_keys(&cli.config, command),
         Some(Command::Keys { command: KeysCommand::Add { name, file, models } }) => {
             add_key(&cli.config, &name, file, models)
+        }
+        Some(Command::Keys { command: KeysCommand::Remove { .. } | KeysCommand::List }) => {
+            eprintln!(
+                "{}: keys are in a keys file ([auth] keys_file): edit it (remove) or read it (list)",
+                cli.config.display()
+            );
+            ExitCode::FAILURE
         }
         Some(Command::CheckConfig { files }) => {
             let mut ok = true;

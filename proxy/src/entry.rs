@@ -93,7 +93,8 @@ impl ProxyHttp for WarmpathProxy {
             match state.auth.authenticate(authorization.map(|v| v.as_bytes())) {
                 Ok(key) => ctx.key = key,
                 Err(e) => {
-                    state.metrics.rejections.with_label_values(&["invalid_api_key"]).inc();
+                    let reason = if e.status == 503 { "keys_unavailable" } else { "invalid_api_key" };
+                    state.metrics.rejections.with_label_values(&[reason]).inc();
                     ctx.status = e.status;
                     if matches!(route, Route::WebSocket) {
                         // A refused upgrade ends the connection: the client meant to leave HTTP.

@@ -5,7 +5,7 @@
 //!
 //! 1. foundations: [`config`] (the policy file, plain data), [`request`] (the parsed request),
 //!    [`observe`] (metrics; the admin listener), [`limits`], [`tls`] (listener certificates),
-//!    [`upstream`] (connections to backends);
+//!    [`upstream`] (connections to backends), [`shared`] (the Redis a fleet shares);
 //! 2. stages, each owning its state: [`tools`] (deferred tools), [`safety`] (checks),
 //!    [`canon`] (stable prefixes), [`cache`] (response cache), [`session`] (conversation
 //!    store), [`route`] (pools, policies, health, prefix index), [`auth`] (API keys and
@@ -35,6 +35,7 @@ pub mod route;
 pub mod safety;
 pub mod server;
 pub mod session;
+pub mod shared;
 pub mod state;
 pub mod tls;
 pub mod tools;

@@ -14,7 +14,7 @@ use pingora::server::Server;
 use pingora::services::background::background_service;
 use pingora::services::listening::Service;
 
-use crate::auth::{Auth, WatchKeys};
+use crate::auth::{Auth, FlushLimits, WatchKeys};
 use crate::cache::ResponseCache;
 use crate::canon::{Canon, External};
 use crate::config::{Config, ConfigError, Invalid, LogFormat, PathSeg, PoolConfig, Source};
@@ -28,6 +28,7 @@ use crate::route::health::HealthChecker;
 use crate::route::load::LoadScraper;
 use crate::route::{self, BackendSpec, Fleet, PromptUnits};
 use crate::safety::{Safety, Services};
+use crate::shared::Shared;
 use crate::state::{self, AppState, Pools};
 use crate::tls::{ReloadingCert, WatchCerts};
 use crate::upstream::Upstream;
@@ -121,18 +122,40 @@ impl Policy {
             crate::tls::load_pair(&t.cert_file, &t.key_file)
                 .map_err(|m| at(&["server", name, "cert_file"], m))?;
         }
-        let up = &mut cfg.upstream;
-        for (k, file) in [
-            ("ca_file", &mut up.ca_file),
-            ("client_cert_file", &mut up.client_cert_file),
-            ("client_key_file", &mut up.client_key_file),
-        ] {
-            if let Some(f) = file {
-                *f = resolve(f, &["upstream", k])?;
-                if let Err(e) = std::fs::read(&*f) {
-                    return Err(at(&["upstream", k], format!("cannot read {}: {e}", f.display())));
+        // A TLS trust bundle and client certificate, read now so that a bad one fails here.
+        let read_files = |table: &str, files: [(&str, &mut Option<std::path::PathBuf>); 3]| {
+            for (k, file) in files {
+                if let Some(f) = file {
+                    *f = resolve(f, &[table, k])?;
+                    if let Err(e) = std::fs::read(&*f) {
+                        return Err(at(&[table, k], format!("cannot read {}: {e}", f.display())));
+                    }
                 }
             }
+            Ok(())
+        };
+        let up = &mut cfg.upstream;
+        read_files(
+            "upstream",
+            [
+                ("ca_file", &mut up.ca_file),
+                ("client_cert_file", &mut up.client_cert_file),
+                ("client_key_file", &mut up.client_key_file),
+            ],
+        )?;
+        let r = &mut cfg.redis;
+        read_files(
+            "redis",
+            [
+                ("ca_file", &mut r.ca_file),
+                ("client_cert_file", &mut r.client_cert_file),
+                ("client_key_file", &mut r.client_key_file),
+            ],
+        )?;
+        // `[session] redis_url` is the older spelling of `[redis] url`.
+        if let Some(url) = cfg.session.redis_url.take() {
+            cfg.redis.url = Some(url);
+            cfg.redis.timeout_ms = cfg.session.redis_timeout_ms;
         }
         if let Some(f) = &cfg.auth.keys_file {
             let path = resolve(f, &["auth", "keys_file"])?;
@@ -267,17 +290,25 @@ pub fn run(policy: Policy) -> anyhow::Result<()> {
     let mut server = Server::new_with_opt_and_conf(None, conf);
     server.bootstrap();
 
+    // The fleet's Redis, where the policy names one (dialled on first use).
+    let redis = match cfg.redis.configured() {
+        true => Some(Arc::new(Shared::new(&cfg.redis).map_err(anyhow::Error::msg)?)),
+        false => None,
+    };
     let state = Arc::new(AppState {
         cfg: cfg.clone(),
         pools,
         fleet: fleet.clone(),
         metrics: metrics.clone(),
         upstream: upstream.clone(),
-        sessions: Arc::new(crate::session::Store::new(&cfg.session).map_err(anyhow::Error::msg)?),
+        sessions: Arc::new(
+            crate::session::Store::new(&cfg.session, redis.as_ref()).map_err(anyhow::Error::msg)?,
+        ),
         ws: Connections::new(metrics.ws_connections.with_label_values(&["api"])),
-        auth: Arc::new(Auth::new(&cfg.auth, &metrics).map_err(anyhow::Error::msg)?),
+        auth: Arc::new(Auth::new(&cfg.auth, redis.as_ref(), &metrics).map_err(anyhow::Error::msg)?),
     });
     let _ = late.set(Arc::downgrade(&state));
+    let state_fleet = state.auth.fleet();
     let keys = background_service(
         "warmpath keys",
         WatchKeys { auth: state.auth.clone(), interval: Duration::from_millis(cfg.auth.reload_interval_ms) },
@@ -343,6 +374,9 @@ pub fn run(policy: Policy) -> anyhow::Result<()> {
     server.add_service(events);
     server.add_service(drain);
     server.add_service(keys);
+    if let Some(fleet) = state_fleet {
+        server.add_service(background_service("warmpath limits", FlushLimits(fleet)));
+    }
     server.add_service(certs);
 
     let listen = cfg.server.listen;

@@ -30,17 +30,6 @@ fn auth_policy(keys: &Path, extra: &str) -> String {
     )
 }
 
-fn post_as(proxy: &Proxy, key: &str, path: &str, body: &serde_json::Value) -> Resp {
-    let auth = format!("Bearer {key}");
-    request(
-        proxy.addr,
-        "POST",
-        path,
-        &[("authorization", auth.as_str()), ("content-type", "application/json")],
-        body.to_string().as_bytes(),
-    )
-}
-
 fn get_as(proxy: &Proxy, key: &str, path: &str) -> Resp {
     let auth = format!("Bearer {key}");
     request(proxy.addr, "GET", path, &[("authorization", auth.as_str())], b"")

@@ -260,8 +260,9 @@ fn a_lost_redis_is_a_503_for_continuations_only() {
     assert_eq!(metric(&m, "warmpath_session_store_ops_total{op=\"put\",result=\"error\"}"), Some(1.0), "{m}");
 }
 
-/// A Redis that needs a password: the URL's password authenticates every connection; a wrong
-/// one is a store failure (503 for a continuation), not a crash or a silent loss.
+/// A Redis that needs a password: `[redis] password` (here from the environment) or the URL's
+/// (`[session] redis_url`, the older spelling) authenticates every connection; a wrong one is
+/// a store failure (503 for a continuation), not a crash or a silent loss.
 #[test]
 fn redis_with_a_password() {
     let e = Engine::sim("m", &[]);
@@ -272,7 +273,13 @@ fn redis_with_a_password() {
             redis.port
         )
     };
-    let good = Proxy::start(&policy(&store("s3cret"), "", &["m"], &[("e0", e.url())]));
+    // The password from the environment (`[redis] password = "$NAME"`), kept out of the file.
+    std::env::set_var("WARMPATH_TEST_REDIS_PASSWORD", "s3cret");
+    let from_env = format!(
+        "[redis]\nurl = \"redis://127.0.0.1:{}/2\"\npassword = \"$WARMPATH_TEST_REDIS_PASSWORD\"\n\n[session]\nstore = \"redis\"\n",
+        redis.port
+    );
+    let good = Proxy::start(&policy(&from_env, "", &["m"], &[("e0", e.url())]));
     let bad = Proxy::start(&policy(&store("wrong"), "", &["m"], &[("e0", e.url())]));
     let v =
         post_json(good.addr, "/v1/responses", &json!({"model": "m", "input": "hi", "max_output_tokens": 2}))

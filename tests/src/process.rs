@@ -1,5 +1,5 @@
-//! Real processes on 127.0.0.1: `warmpath-engine` and `warmpath` (from this workspace's build)
-//! and `redis-server`, each killed on drop, with their output kept for failure messages.
+//! Real processes on 127.0.0.1: `warmpath-engine` and `warmpath` (from this workspace's build),
+//! each killed on drop, with their output kept for failure messages.
 
 use std::collections::HashMap;
 use std::io::{BufRead, BufReader, Read};
@@ -216,6 +216,18 @@ impl Proxy {
     }
 }
 
+/// POST `body` as JSON to `path` with `Authorization: Bearer KEY`.
+pub fn post_as(proxy: &Proxy, key: &str, path: &str, body: &serde_json::Value) -> crate::client::Resp {
+    let auth = format!("Bearer {key}");
+    crate::client::request(
+        proxy.addr,
+        "POST",
+        path,
+        &[("authorization", auth.as_str()), ("content-type", "application/json")],
+        body.to_string().as_bytes(),
+    )
+}
+
 impl Drop for Proxy {
     fn drop(&mut self) {
         let _ = self.child.kill();
@@ -248,48 +260,6 @@ impl Default for TempDir {
 impl Drop for TempDir {
     fn drop(&mut self) {
         let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
-
-/// A `redis-server` process on a free port, nothing persisted; killed on drop.
-pub struct RedisServer {
-    pub port: u16,
-    child: Child,
-}
-
-impl RedisServer {
-    pub fn start() -> RedisServer {
-        RedisServer::start_with(&[])
-    }
-
-    /// With extra `redis-server` arguments (`--requirepass secret`).
-    pub fn start_with(extra: &[&str]) -> RedisServer {
-        let port = free_port();
-        let child = Command::new("redis-server")
-            .args(["--port", &port.to_string(), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"])
-            .args(extra)
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("redis-server runs (scripts/ensure-deps installs it)");
-        let up = eventually(Duration::from_secs(10), || TcpStream::connect(("127.0.0.1", port)).is_ok());
-        assert!(up, "redis-server did not listen on {port}");
-        RedisServer { port, child }
-    }
-
-    pub fn url(&self) -> String {
-        format!("redis://127.0.0.1:{}", self.port)
-    }
-
-    pub fn kill(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-impl Drop for RedisServer {
-    fn drop(&mut self) {
-        self.kill();
     }
 }
 

@@ -78,8 +78,13 @@ impl KeyTable {
 
     pub fn parse(text: &str, default: &KeyLimits) -> Result<KeyTable, String> {
         let file: KeysFile = toml::from_str(text).map_err(|e| e.to_string())?;
+        KeyTable::from_entries(&file.keys, default)
+    }
+
+    /// The table of `entries` (a keys file's, or those kept in Redis).
+    pub fn from_entries(entries: &[KeyEntry], default: &KeyLimits) -> Result<KeyTable, String> {
         let mut t = KeyTable::default();
-        for k in &file.keys {
+        for k in entries {
             let hash =
                 unhex(&k.sha256).ok_or_else(|| format!("key {:?}: sha256 must be 64 hex digits", k.name))?;
             if k.name.is_empty() || t.by_name.contains_key(k.name.as_str()) {
@@ -119,12 +124,31 @@ impl KeyTable {
     }
 }
 
-/// Appends a new key named `name` to the keys file at `path` (created if missing) and returns
-/// the key, which is stored nowhere.
-pub fn add(path: &Path, name: &str, models: Option<Vec<String>>) -> Result<String, String> {
+/// A new key named `name` and the entry that stores it (its hash, not the key).
+pub fn new_entry(name: &str, models: Option<Vec<String>>) -> Result<(String, KeyEntry), String> {
     if name.is_empty() || !name.chars().all(|c| c.is_ascii_alphanumeric() || "-_.".contains(c)) {
         return Err(format!("{name:?}: a key's name is letters, digits, '-', '_' and '.'"));
     }
+    let key = new_key()?;
+    let entry = KeyEntry {
+        name: name.to_owned(),
+        sha256: hex(&digest(key.as_bytes())),
+        models,
+        pools: None,
+        group: None,
+        requests_per_minute: None,
+        tokens_per_minute: None,
+        max_concurrent: None,
+        max_websockets: None,
+        tokens_per_day: None,
+    };
+    Ok((key, entry))
+}
+
+/// Appends a new key named `name` to the keys file at `path` (created if missing) and returns
+/// the key, which is stored nowhere.
+pub fn add(path: &Path, name: &str, models: Option<Vec<String>>) -> Result<String, String> {
+    let (key, new) = new_entry(name, models)?;
     let existing = match std::fs::read_to_string(path) {
         Ok(t) => t,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => String::new(),
@@ -134,9 +158,8 @@ pub fn add(path: &Path, name: &str, models: Option<Vec<String>>) -> Result<Strin
     if file.keys.iter().any(|k: &KeyEntry| k.name == name) {
         return Err(format!("{}: a key named {name:?} exists already", path.display()));
     }
-    let key = new_key()?;
-    let mut entry = format!("\n[[keys]]\nname = {name:?}\nsha256 = \"{}\"\n", hex(&digest(key.as_bytes())));
-    if let Some(models) = models {
+    let mut entry = format!("\n[[keys]]\nname = {name:?}\nsha256 = \"{}\"\n", new.sha256);
+    if let Some(models) = new.models {
         let list: Vec<String> = models.iter().map(|m| format!("{m:?}")).collect();
         entry.push_str(&format!("models = [{}]\n", list.join(", ")));
     }

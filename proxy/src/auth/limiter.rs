@@ -1,10 +1,81 @@
-//! One key's limits as running state: per-minute limits as token buckets (full at the limit,
-//! refilled continuously at limit/60 per second — how OpenAI states its limits and reports
-//! them in `x-ratelimit-*`), a daily token budget, and counts of requests and WebSockets open.
+//! One key's limits as running state in this process: per-minute limits as token buckets
+//! (full at the limit, refilled continuously at limit/60 per second — how OpenAI states its
+//! limits and reports them in `x-ratelimit-*`), a daily token budget, and counts of requests
+//! and WebSockets open. [`Limited`] and [`Meter`] are what any count (this one, or the fleet's
+//! in Redis) reports.
 
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use crate::config::KeyLimits;
+
+/// A per-minute limit as OpenAI's `x-ratelimit-*` headers state it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Meter {
+    pub limit: u64,
+    pub remaining: u64,
+    /// Until the bucket is full again.
+    pub reset: Duration,
+}
+
+/// Which limit refused a request or a WebSocket, and how long waiting would take (none:
+/// waiting does not help).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Limited {
+    Concurrent {
+        max: u32,
+    },
+    Requests {
+        limit: u64,
+        wait: Duration,
+    },
+    Tokens {
+        limit: u64,
+        wait: Duration,
+    },
+    /// The request alone needs more than the key's tokens per minute.
+    TooLarge {
+        limit: u64,
+    },
+    Daily {
+        limit: u64,
+        wait: Duration,
+    },
+    Sockets {
+        max: u32,
+    },
+}
+
+impl Limited {
+    /// The metric label.
+    pub fn label(&self) -> &'static str {
+        match self {
+            Limited::Concurrent { .. } => "concurrent",
+            Limited::Requests { .. } => "requests",
+            Limited::Tokens { .. } | Limited::TooLarge { .. } => "tokens",
+            Limited::Daily { .. } => "daily",
+            Limited::Sockets { .. } => "websockets",
+        }
+    }
+
+    /// How long until a retry could succeed; none when waiting does not help.
+    pub fn wait(&self) -> Option<Duration> {
+        match self {
+            Limited::Concurrent { .. } | Limited::Sockets { .. } => Some(Duration::from_secs(1)),
+            Limited::Requests { wait, .. } | Limited::Tokens { wait, .. } | Limited::Daily { wait, .. } => {
+                Some(*wait)
+            }
+            Limited::TooLarge { .. } => None,
+        }
+    }
+}
+
+/// An admission's outcome: refused (and why) or not, and the per-minute meters after it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Verdict {
+    pub limited: Option<Limited>,
+    pub requests: Option<Meter>,
+    pub tokens: Option<Meter>,
+}
 
 /// A per-minute limit.
 #[derive(Debug, Clone)]
@@ -62,6 +133,10 @@ impl Bucket {
     pub fn reset(&mut self, now: Instant) -> Duration {
         self.refill(now);
         Duration::from_secs_f64((self.limit - self.level).max(0.0) / self.per_sec())
+    }
+
+    pub fn meter(&mut self, now: Instant) -> Meter {
+        Meter { limit: self.limit(), remaining: self.remaining(now), reset: self.reset(now) }
     }
 }
 
@@ -126,6 +201,74 @@ impl KeyState {
             concurrent: 0,
             websockets: 0,
         }
+    }
+
+    /// Admits a request expected to cost `estimate` tokens, or says which limit refuses it;
+    /// an admitted one takes a request, its tokens and a concurrency slot.
+    pub fn admit(&mut self, estimate: u64, now: Instant) -> Verdict {
+        let limited = self.check(estimate, now);
+        if limited.is_none() {
+            if let Some(b) = self.requests.as_mut() {
+                b.take(1.0);
+            }
+            if let Some(b) = self.tokens.as_mut() {
+                b.take(estimate as f64);
+            }
+            self.concurrent += 1;
+        }
+        Verdict {
+            limited,
+            requests: self.requests.as_mut().map(|b| b.meter(now)),
+            tokens: self.tokens.as_mut().map(|b| b.meter(now)),
+        }
+    }
+
+    fn check(&mut self, estimate: u64, now: Instant) -> Option<Limited> {
+        if let Some(max) = self.limits.max_concurrent.filter(|m| self.concurrent >= *m) {
+            return Some(Limited::Concurrent { max });
+        }
+        if let Some(b) = self.requests.as_mut() {
+            let wait = b.wait_for(1.0, now).unwrap_or(Duration::MAX);
+            if !wait.is_zero() {
+                return Some(Limited::Requests { limit: b.limit(), wait });
+            }
+        }
+        if let Some(b) = self.tokens.as_mut() {
+            match b.wait_for(estimate as f64, now) {
+                Some(w) if w.is_zero() => {}
+                Some(wait) => return Some(Limited::Tokens { limit: b.limit(), wait }),
+                None => return Some(Limited::TooLarge { limit: b.limit() }),
+            }
+        }
+        if let Some(d) = self.daily.as_mut() {
+            if !d.fits(estimate.min(d.limit)) {
+                return Some(Limited::Daily { limit: d.limit, wait: Daily::until_tomorrow() });
+            }
+        }
+        None
+    }
+
+    /// A request is over: it used `used` tokens where `reserved` were taken.
+    pub fn settle(&mut self, reserved: u64, used: u64) {
+        if let Some(b) = self.tokens.as_mut() {
+            if used > reserved {
+                b.take((used - reserved) as f64);
+            } else {
+                b.give((reserved - used) as f64);
+            }
+        }
+        if let Some(d) = self.daily.as_mut() {
+            d.spend(used);
+        }
+    }
+
+    /// A WebSocket opens: a slot, or the limit that refuses it.
+    pub fn open_socket(&mut self) -> Option<Limited> {
+        if let Some(max) = self.limits.max_websockets.filter(|m| self.websockets >= *m) {
+            return Some(Limited::Sockets { max });
+        }
+        self.websockets += 1;
+        None
     }
 
     /// The limits changed (the keys file was edited): buckets keep their level, capped.

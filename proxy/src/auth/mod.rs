@@ -10,38 +10,63 @@
 //! carries; the ticket is settled with the answer's real usage. Tenants are kept apart in the
 //! backends' prefix cache by a salt per key or group ([`Auth::salt`], [`salted_body`]).
 //!
-//! Limits are kept in this process. Every replica counts on its own (a fleet of N replicas
-//! allows up to N times a limit); keys are read from a file each replica watches.
+//! Keys come from a file each replica watches, or from Redis ([`store`]) for a fleet. Limits
+//! are counted in this process ([`limiter`]: a fleet of N replicas then allows up to N times a
+//! limit) or for the whole fleet in Redis ([`fleet`]: one round trip per admission); when Redis
+//! does not answer, `limits_on_error` says whether this replica's own counts decide or the
+//! request is refused.
 
+pub mod answers;
+pub mod fleet;
 pub mod keys;
 pub mod limiter;
+pub mod store;
 
 use std::collections::HashMap;
 use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::{Duration, Instant, SystemTime};
 
 use warmpath_wire::openai::ApiError;
 
-use crate::config::{AuthConfig, KeyLimits, Tenants};
+use crate::config::{AuthConfig, KeyLimits, KeysStore, LimitsStore, OnRedisError, Tenants};
 use crate::observe::Metrics;
+use crate::shared::Shared;
+use answers::{invalid_key, limit_headers};
+pub use answers::{LimitHeaders, Refusal};
+use fleet::Fleet;
+pub use fleet::FlushLimits;
 pub use keys::{Key, KeyTable};
-use limiter::{Daily, KeyState};
+use limiter::{KeyState, Verdict};
+use store::RedisKeys;
 
 /// Seeds the tenant salts (not a secret: the salt only has to differ between tenants).
 const SALT_SEED: u64 = 0x7761_726d_7361_6c74;
 
-/// The response headers a limited or admitted request carries.
-pub type LimitHeaders = Vec<(&'static str, String)>;
+/// Where the keys come from.
+enum Source {
+    /// A keys file and its modification time when last read.
+    File(PathBuf, Mutex<Option<SystemTime>>),
+    Redis(Arc<Shared>, RedisKeys),
+    /// Auth is off.
+    None,
+}
 
 /// The process's keys and their running limits.
 pub struct Auth {
     enabled: bool,
     default: KeyLimits,
     table: RwLock<Arc<KeyTable>>,
+    /// Whether keys were ever loaded (from Redis, they may not be yet).
+    loaded: AtomicBool,
+    /// This replica's own counts (`limits_store = "local"`, and the fallback when the
+    /// fleet's cannot be reached).
     states: Mutex<HashMap<Arc<str>, Arc<Mutex<KeyState>>>>,
-    /// The keys file and its modification time when last read.
-    file: Option<(PathBuf, Mutex<Option<SystemTime>>)>,
+    source: Source,
+    /// The fleet's counts (`limits_store = "redis"`).
+    fleet: Option<Arc<Fleet>>,
+    on_error: OnRedisError,
     metrics: Metrics,
 }
 
@@ -51,44 +76,76 @@ impl std::fmt::Debug for Auth {
     }
 }
 
-/// A refused request: the error and the rate-limit headers that go with it.
-#[derive(Debug)]
-pub struct Refusal {
-    pub error: Box<ApiError>,
-    pub headers: LimitHeaders,
-}
-
 impl Auth {
-    /// `[auth]` of a loaded policy (its keys file path resolved): the keys file read (an
-    /// error names it).
-    pub fn new(cfg: &AuthConfig, metrics: &Metrics) -> Result<Auth, String> {
+    /// `[auth]` of a loaded policy (its keys file path resolved): a keys file is read now (an
+    /// error names it); keys in Redis are read by [`WatchKeys`]. `redis` is the fleet's Redis,
+    /// where `[redis]` names one.
+    pub fn new(cfg: &AuthConfig, redis: Option<&Arc<Shared>>, metrics: &Metrics) -> Result<Auth, String> {
+        let needs =
+            |what: &str| redis.cloned().ok_or_else(|| format!("{what} = \"redis\" needs a [redis] server"));
+        let source = match (cfg.enabled, cfg.keys_store, &cfg.keys_file) {
+            (false, _, _) => Source::None,
+            (true, KeysStore::Redis, _) => Source::Redis(needs("keys_store")?, RedisKeys::default()),
+            (true, KeysStore::File, Some(f)) => Source::File(f.clone(), Mutex::new(None)),
+            (true, KeysStore::File, None) => return Err("[auth] enabled needs keys_file".into()),
+        };
+        let fleet = match cfg.limits_store {
+            LimitsStore::Redis if cfg.enabled => Some(Arc::new(Fleet::new(needs("limits_store")?, metrics))),
+            _ => None,
+        };
         let auth = Auth {
             enabled: cfg.enabled,
             default: cfg.limits.clone(),
             table: RwLock::new(Arc::new(KeyTable::default())),
+            loaded: AtomicBool::new(false),
             states: Mutex::new(HashMap::new()),
-            file: cfg.keys_file.clone().map(|f| (f, Mutex::new(None))),
+            source,
+            fleet,
+            on_error: cfg.limits_on_error,
             metrics: metrics.clone(),
         };
-        if auth.enabled {
-            auth.reload()?;
+        if matches!(auth.source, Source::File(..)) {
+            auth.reload_file()?;
         }
         Ok(auth)
     }
 
-    /// Re-reads the keys file if it changed since it was last read; true when it was. A file
-    /// that no longer parses leaves the keys as they were (and says why in the log).
-    pub fn reload(&self) -> Result<bool, String> {
-        let Some((path, seen)) = &self.file else { return Ok(false) };
+    /// Reads the keys again if they changed since they were last read; true when they did.
+    /// Keys that no longer parse (or a Redis that does not answer) leave them as they were.
+    pub async fn reload(&self) -> Result<bool, String> {
+        match &self.source {
+            Source::None => Ok(false),
+            Source::File(..) => self.reload_file(),
+            Source::Redis(redis, keys) => match keys.changed(redis).await {
+                Ok(Some(entries)) => {
+                    self.install(KeyTable::from_entries(&entries, &self.default)?);
+                    Ok(true)
+                }
+                Ok(None) => Ok(false),
+                Err(e) => {
+                    self.metrics.redis_errors.with_label_values(&["keys"]).inc();
+                    Err(e)
+                }
+            },
+        }
+    }
+
+    fn reload_file(&self) -> Result<bool, String> {
+        let Source::File(path, seen) = &self.source else { return Ok(false) };
         let modified = std::fs::metadata(path).and_then(|m| m.modified()).ok();
         let mut seen = seen.lock().unwrap_or_else(|p| p.into_inner());
         if modified.is_some() && *seen == modified {
             return Ok(false);
         }
-        let table = KeyTable::load(path, &self.default)?;
+        self.install(KeyTable::load(path, &self.default)?);
         *seen = modified;
+        Ok(true)
+    }
+
+    /// `table` replaces the keys; running limits follow edited keys, and a removed key's
+    /// state goes with it.
+    fn install(&self, table: KeyTable) {
         self.metrics.auth_keys.set(table.len() as i64);
-        // Running limits follow edited keys; a removed key's state goes with it.
         let mut states = self.states.lock().unwrap_or_else(|p| p.into_inner());
         states.retain(|name, _| table.by_name(name).is_some());
         for (name, st) in states.iter() {
@@ -97,12 +154,17 @@ impl Auth {
             }
         }
         *self.table.write().unwrap_or_else(|p| p.into_inner()) = Arc::new(table);
-        Ok(true)
+        self.loaded.store(true, Ordering::Release);
     }
 
-    /// Whether there is a keys file for [`WatchKeys`] to watch.
+    /// Whether there are keys for [`WatchKeys`] to watch.
     pub fn watches(&self) -> bool {
-        self.enabled && self.file.is_some()
+        !matches!(self.source, Source::None)
+    }
+
+    /// The fleet's limits, for [`FlushLimits`] to settle.
+    pub fn fleet(&self) -> Option<Arc<Fleet>> {
+        self.fleet.clone()
     }
 
     fn table(&self) -> Arc<KeyTable> {
@@ -110,7 +172,8 @@ impl Auth {
     }
 
     /// The caller's key name from its `Authorization` header: `Ok(None)` when auth is off,
-    /// 401 `invalid_api_key` when the key is missing or unknown.
+    /// 401 `invalid_api_key` when the key is missing or unknown, 503 while keys kept in Redis
+    /// were never read.
     pub fn authenticate(&self, authorization: Option<&[u8]>) -> Result<Option<Arc<str>>, ApiError> {
         if !self.enabled {
             return Ok(None);
@@ -121,9 +184,15 @@ impl Auth {
                 "You didn't provide an API key. Send it in the Authorization header: `Authorization: Bearer KEY`.",
             ));
         };
+        if !self.loaded.load(Ordering::Acquire) {
+            return Err(ApiError::unavailable("API keys are not loaded yet: Redis has not answered.")
+                .with_code("keys_unavailable"));
+        }
         match self.table().by_digest(&keys::digest(presented)) {
             Some(k) => Ok(Some(k.name.clone())),
-            None => Err(invalid_key(&format!("Incorrect API key provided: {}.", redacted(presented)))),
+            None => {
+                Err(invalid_key(&format!("Incorrect API key provided: {}.", answers::redacted(presented))))
+            }
         }
     }
 
@@ -160,138 +229,91 @@ impl Auth {
             .clone()
     }
 
+    /// The key named `name`, or 401 (removed since the request authenticated).
+    fn current(&self, name: &str) -> Result<Arc<Key>, Refusal> {
+        self.key(name).ok_or_else(|| Refusal::bare(invalid_key("This API key was revoked.")))
+    }
+
+    /// Redis did not answer for the fleet's limits: `Ok` to count here instead
+    /// (`limits_on_error = "open"`), or the 503 to answer.
+    fn unshared(&self, limit: &str, e: &crate::shared::SharedError) -> Result<(), Refusal> {
+        match self.on_error {
+            OnRedisError::Open => {
+                self.metrics.limits_fail_open.with_label_values(&[limit]).inc();
+                tracing::debug!(error = %e, "fleet limits unreachable; this replica's own counts decide");
+                Ok(())
+            }
+            OnRedisError::Closed => Err(Refusal::bare(
+                ApiError::unavailable("Rate limits cannot be checked right now; try again shortly.")
+                    .with_code("limits_unavailable"),
+            )),
+        }
+    }
+
     /// Admits a request of key `name` for `model` on pool `pool`, expected to cost `estimate`
-    /// tokens (prompt, as far as known, plus `max_tokens`): a ticket, or 403 / 429.
-    pub fn admit(&self, name: &str, pool: &str, model: &str, estimate: u64) -> Result<Ticket, Refusal> {
-        let Some(key) = self.key(name) else {
-            // Removed from the file since the request authenticated.
-            return Err(Refusal {
-                error: Box::new(invalid_key("This API key was revoked.")),
-                headers: Vec::new(),
-            });
-        };
+    /// tokens (prompt, as far as known, plus `max_tokens`): a ticket, or 403 / 429 (503 when
+    /// the fleet's limits are unreachable and `limits_on_error = "closed"`).
+    pub async fn admit(&self, name: &str, pool: &str, model: &str, estimate: u64) -> Result<Ticket, Refusal> {
+        let key = self.current(name)?;
         if !key.may_use(pool, model) {
             self.metrics.key_requests.with_label_values(&[name, "forbidden"]).inc();
-            let mut e = ApiError::invalid_request(format!("This API key may not use the model `{model}`."))
-                .with_code("model_not_allowed");
-            e.status = 403;
-            e.body.error.kind = "permission_error".into();
-            return Err(Refusal { error: Box::new(e), headers: Vec::new() });
+            return Err(Refusal::bare(answers::forbidden_model(model)));
         }
-        let state = self.state(&key);
-        let mut st = state.lock().unwrap_or_else(|p| p.into_inner());
-        let now = Instant::now();
-        let refused = |st: &mut KeyState, limit: &'static str, e: ApiError, wait: Option<Duration>| {
-            self.metrics.key_requests.with_label_values(&[name, "limited"]).inc();
-            self.metrics.key_limited.with_label_values(&[name, limit]).inc();
-            let mut headers = limit_headers(st, now);
-            match wait {
-                Some(w) => {
-                    headers.push(("retry-after", w.as_secs_f64().ceil().max(1.0).to_string()));
-                    headers.push(("retry-after-ms", (w.as_millis().max(1)).to_string()));
+        let shared = match &self.fleet {
+            Some(f) => match f.admit(&key.name, &key.limits, estimate).await {
+                Ok((verdict, lease)) => Some((verdict, Hold::Fleet { fleet: f.clone(), lease })),
+                Err(e) => {
+                    self.unshared("requests", &e)?;
+                    None
                 }
-                // Waiting would not help: the openai SDKs do not retry on this header.
-                None => headers.push(("x-should-retry", "false".to_owned())),
-            }
-            Err(Refusal { error: Box::new(e), headers })
+            },
+            None => None,
         };
-        if let Some(max) = st.limits.max_concurrent {
-            if st.concurrent >= max {
-                let e = rate_limited(
-                    "requests",
-                    format!("Too many requests in flight for this key: limit {max}."),
-                );
-                return refused(&mut st, "concurrent", e, Some(Duration::from_secs(1)));
-            }
+        let (verdict, hold) = shared.unwrap_or_else(|| {
+            let state = self.state(&key);
+            let v = state.lock().unwrap_or_else(|p| p.into_inner()).admit(estimate, Instant::now());
+            (v, Hold::Local(state))
+        });
+        if let Some(l) = verdict.limited {
+            // A refused admission holds nothing: `hold` is dropped without a release.
+            self.metrics.key_requests.with_label_values(&[name, "limited"]).inc();
+            self.metrics.key_limited.with_label_values(&[name, l.label()]).inc();
+            return Err(answers::limited(l, &verdict, estimate));
         }
-        if let Some(b) = st.requests.as_mut() {
-            let wait = b.wait_for(1.0, now).unwrap_or(Duration::MAX);
-            if !wait.is_zero() {
-                let limit = b.limit();
-                let e = rate_limited(
-                    "requests",
-                    format!(
-                        "Rate limit reached for requests: limit {limit} per minute. Please try again in {}.",
-                        span(wait)
-                    ),
-                );
-                return refused(&mut st, "requests", e, Some(wait));
-            }
-        }
-        if let Some(b) = st.tokens.as_mut() {
-            let limit = b.limit();
-            match b.wait_for(estimate as f64, now) {
-                Some(w) if w.is_zero() => {}
-                Some(w) => {
-                    let e = rate_limited(
-                        "tokens",
-                        format!("Rate limit reached for tokens: limit {limit} per minute, requested {estimate}. Please try again in {}.", span(w)),
-                    );
-                    return refused(&mut st, "tokens", e, Some(w));
-                }
-                None => {
-                    let e = rate_limited(
-                        "tokens",
-                        format!("Request too large: it may use {estimate} tokens, more than this key's {limit} per minute. Lower max_tokens or the prompt."),
-                    );
-                    return refused(&mut st, "tokens", e, None);
-                }
-            }
-        }
-        if let Some(d) = st.daily.as_mut() {
-            if !d.fits(estimate.min(d.limit)) {
-                let mut e = rate_limited(
-                    "tokens",
-                    format!("This key's daily budget of {} tokens is spent.", d.limit),
-                );
-                e = e.with_code("insufficient_quota");
-                return refused(&mut st, "daily", e, Some(Daily::until_tomorrow()));
-            }
-        }
-        // Admitted: take what the request reserves.
-        if let Some(b) = st.requests.as_mut() {
-            b.take(1.0);
-        }
-        if let Some(b) = st.tokens.as_mut() {
-            b.take(estimate as f64);
-        }
-        st.concurrent += 1;
         self.metrics.key_requests.with_label_values(&[name, "admitted"]).inc();
-        let headers = limit_headers(&mut st, now);
-        drop(st);
         Ok(Ticket {
-            state,
+            hold: Some(hold),
             name: key.name.clone(),
+            limits: key.limits.clone(),
             reserved: estimate,
-            headers,
+            headers: limit_headers(&verdict),
             metrics: self.metrics.clone(),
         })
     }
 
     /// A WebSocket connection of key `name` opens: a slot held while it is open, or 429.
-    pub fn open_websocket(&self, name: &str) -> Result<SocketSlot, Refusal> {
-        let Some(key) = self.key(name) else {
-            return Err(Refusal {
-                error: Box::new(invalid_key("This API key was revoked.")),
-                headers: Vec::new(),
-            });
+    pub async fn open_websocket(&self, name: &str) -> Result<SocketSlot, Refusal> {
+        let key = self.current(name)?;
+        let refused = |l: limiter::Limited| {
+            self.metrics.key_limited.with_label_values(&[name, l.label()]).inc();
+            let none = Verdict { limited: Some(l), requests: None, tokens: None };
+            Err(answers::limited(l, &none, 0))
         };
-        let state = self.state(&key);
-        let mut st = state.lock().unwrap_or_else(|p| p.into_inner());
-        if let Some(max) = st.limits.max_websockets {
-            if st.websockets >= max {
-                self.metrics.key_limited.with_label_values(&[name, "websockets"]).inc();
-                let e = rate_limited(
-                    "requests",
-                    format!("Too many WebSocket connections for this key: limit {max}."),
-                );
-                let headers = vec![("retry-after", "1".to_owned())];
-                return Err(Refusal { error: Box::new(e), headers });
+        if let (Some(f), Some(max)) = (&self.fleet, key.limits.max_websockets) {
+            match f.open_socket(&key.name, max).await {
+                Ok(Some(lease)) => {
+                    return Ok(SocketSlot(Some(Hold::Fleet { fleet: f.clone(), lease: Some(lease) })))
+                }
+                Ok(None) => return refused(limiter::Limited::Sockets { max }),
+                Err(e) => self.unshared("websockets", &e)?,
             }
         }
-        st.websockets += 1;
-        drop(st);
-        Ok(SocketSlot { state })
+        let state = self.state(&key);
+        let limited = state.lock().unwrap_or_else(|p| p.into_inner()).open_socket();
+        match limited {
+            Some(l) => refused(l),
+            None => Ok(SocketSlot(Some(Hold::Local(state)))),
+        }
     }
 }
 
@@ -316,8 +338,8 @@ pub fn salted_body(body: bytes::Bytes, salt: &str, theirs: Option<&str>) -> byte
     bytes::Bytes::from(out)
 }
 
-/// Re-reads the keys file when it changes (`warmpath keys add` takes effect without a
-/// restart), every `interval`.
+/// Re-reads the keys when they change (`warmpath keys add` takes effect without a restart),
+/// every `interval`; keys in Redis are read at once at start.
 pub struct WatchKeys {
     pub auth: Arc<Auth>,
     pub interval: Duration,
@@ -329,26 +351,60 @@ impl pingora::services::background::BackgroundService for WatchKeys {
         if !self.auth.watches() {
             return;
         }
-        let mut tick = tokio::time::interval(self.interval);
-        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let mut failing = false;
+        let redis = matches!(self.auth.source, Source::Redis(..));
         loop {
-            tokio::select! {
-                _ = tick.tick() => {}
-                _ = shutdown.changed() => return,
+            match self.auth.reload().await {
+                Ok(true) => {
+                    failing = false;
+                    let keys = self.auth.table().len();
+                    match redis {
+                        true => tracing::info!(keys, "keys read from Redis"),
+                        false => tracing::info!(keys, "keys file re-read"),
+                    }
+                }
+                Ok(false) => failing = false,
+                Err(e) if !failing => {
+                    failing = true;
+                    match redis {
+                        true => {
+                            tracing::warn!(error = %e, "keys not read from Redis; the keys stay as they were")
+                        }
+                        false => {
+                            tracing::warn!(error = %e, "keys file not re-read; the keys stay as they were")
+                        }
+                    }
+                }
+                Err(_) => {}
             }
-            match self.auth.reload() {
-                Ok(true) => tracing::info!(keys = self.auth.table().len(), "keys file re-read"),
-                Ok(false) => {}
-                Err(e) => tracing::warn!(error = %e, "keys file not re-read; the keys stay as they were"),
+            // Keys never read (Redis down at start) are asked for again sooner.
+            let pause = match self.auth.loaded.load(Ordering::Acquire) {
+                true => self.interval,
+                false => self.interval.min(Duration::from_millis(200)),
+            };
+            tokio::select! {
+                _ = tokio::time::sleep(pause) => {}
+                _ = shutdown.changed() => return,
             }
         }
     }
 }
 
+/// What an admitted request or an open WebSocket holds of its key's limits.
+enum Hold {
+    Local(Arc<Mutex<KeyState>>),
+    /// Counted in Redis; the lease of its slot where the key limits slots.
+    Fleet {
+        fleet: Arc<Fleet>,
+        lease: Option<String>,
+    },
+}
+
 /// An admitted request's hold on its key's limits.
 pub struct Ticket {
-    state: Arc<Mutex<KeyState>>,
+    hold: Option<Hold>,
     name: Arc<str>,
+    limits: KeyLimits,
     reserved: u64,
     /// `x-ratelimit-*` as of admission.
     pub headers: LimitHeaders,
@@ -363,38 +419,47 @@ impl std::fmt::Debug for Ticket {
 
 impl Ticket {
     /// The request is over: `usage` (prompt, completion tokens) where the answer said, which
-    /// replaces the reservation; without it the reservation stands.
-    pub fn settle(self, usage: Option<(u64, u64)>) {
-        let mut st = self.state.lock().unwrap_or_else(|p| p.into_inner());
-        let used = usage.map_or(self.reserved, |(p, c)| p + c);
+    /// replaces the reservation; without it the reservation stands. A slot counted in Redis
+    /// is freed before this returns (see [`Fleet::finish`]).
+    pub async fn settle(mut self, usage: Option<(u64, u64)>) {
         if let Some((p, c)) = usage {
             self.metrics.key_tokens.with_label_values(&[&self.name, "prompt"]).inc_by(p);
             self.metrics.key_tokens.with_label_values(&[&self.name, "completion"]).inc_by(c);
         }
-        if let Some(b) = st.tokens.as_mut() {
-            if used > self.reserved {
-                b.take((used - self.reserved) as f64);
-            } else {
-                b.give((self.reserved - used) as f64);
+        let used = usage.map(|(p, c)| p + c);
+        match self.hold.take() {
+            Some(Hold::Local(st)) => {
+                let mut st = st.lock().unwrap_or_else(|p| p.into_inner());
+                st.settle(self.reserved, used.unwrap_or(self.reserved));
+                st.concurrent = st.concurrent.saturating_sub(1);
             }
-        }
-        if let Some(d) = st.daily.as_mut() {
-            d.spend(used);
+            Some(Hold::Fleet { fleet, lease: Some(lease) }) => {
+                fleet.finish(&self.name, &self.limits, self.reserved, used, lease).await
+            }
+            Some(Hold::Fleet { fleet, lease: None }) => {
+                fleet.settle(&self.name, &self.limits, self.reserved, used)
+            }
+            None => {}
         }
     }
 }
 
+/// A ticket never settled (its request dropped midway) gives its slot back.
 impl Drop for Ticket {
     fn drop(&mut self) {
-        let mut st = self.state.lock().unwrap_or_else(|p| p.into_inner());
-        st.concurrent = st.concurrent.saturating_sub(1);
+        match self.hold.take() {
+            Some(Hold::Local(st)) => {
+                let mut st = st.lock().unwrap_or_else(|p| p.into_inner());
+                st.concurrent = st.concurrent.saturating_sub(1);
+            }
+            Some(Hold::Fleet { fleet, lease: Some(l) }) => fleet.release(l),
+            _ => {}
+        }
     }
 }
 
 /// An open WebSocket's place in its key's count.
-pub struct SocketSlot {
-    state: Arc<Mutex<KeyState>>,
-}
+pub struct SocketSlot(Option<Hold>);
 
 impl std::fmt::Debug for SocketSlot {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -404,45 +469,14 @@ impl std::fmt::Debug for SocketSlot {
 
 impl Drop for SocketSlot {
     fn drop(&mut self) {
-        let mut st = self.state.lock().unwrap_or_else(|p| p.into_inner());
-        st.websockets = st.websockets.saturating_sub(1);
-    }
-}
-
-/// OpenAI's rate-limit headers for the key's per-minute limits.
-fn limit_headers(st: &mut KeyState, now: Instant) -> LimitHeaders {
-    let mut h = Vec::new();
-    if let Some(b) = st.requests.as_mut() {
-        h.push(("x-ratelimit-limit-requests", b.limit().to_string()));
-        h.push(("x-ratelimit-remaining-requests", b.remaining(now).to_string()));
-        h.push(("x-ratelimit-reset-requests", span(b.reset(now))));
-    }
-    if let Some(b) = st.tokens.as_mut() {
-        h.push(("x-ratelimit-limit-tokens", b.limit().to_string()));
-        h.push(("x-ratelimit-remaining-tokens", b.remaining(now).to_string()));
-        h.push(("x-ratelimit-reset-tokens", span(b.reset(now))));
-    }
-    h
-}
-
-/// A duration as OpenAI writes resets: `20ms`, `1.5s`, `6m0s`.
-pub fn span(d: Duration) -> String {
-    let ms = d.as_millis();
-    if ms < 1000 {
-        return format!("{ms}ms");
-    }
-    let s = d.as_secs_f64();
-    if s < 60.0 {
-        let t = format!("{:.3}", s);
-        let t = t.trim_end_matches('0').trim_end_matches('.');
-        return format!("{t}s");
-    }
-    let whole = d.as_secs();
-    let (h, m, sec) = (whole / 3600, whole % 3600 / 60, whole % 60);
-    if h > 0 {
-        format!("{h}h{m}m{sec}s")
-    } else {
-        format!("{m}m{sec}s")
+        match self.0.take() {
+            Some(Hold::Local(st)) => {
+                let mut st = st.lock().unwrap_or_else(|p| p.into_inner());
+                st.websockets = st.websockets.saturating_sub(1);
+            }
+            Some(Hold::Fleet { fleet, lease: Some(l) }) => fleet.release(l),
+            _ => {}
+        }
     }
 }
 
@@ -453,39 +487,14 @@ fn bearer(h: &[u8]) -> Option<&[u8]> {
     (!h.is_empty()).then_some(h)
 }
 
-/// A key as an error may show it: its first characters and its last four.
-fn redacted(key: &[u8]) -> String {
-    let k = String::from_utf8_lossy(key);
-    let chars: Vec<char> = k.chars().collect();
-    if chars.len() <= 10 {
-        return "***".into();
-    }
-    let head: String = chars[..3].iter().collect();
-    let tail: String = chars[chars.len() - 4..].iter().collect();
-    format!("{head}***{tail}")
-}
-
-fn invalid_key(message: &str) -> ApiError {
-    let mut e = ApiError::invalid_request(message.to_owned()).with_code("invalid_api_key");
-    e.status = 401;
-    e
-}
-
-fn rate_limited(kind: &str, message: String) -> ApiError {
-    let mut e = ApiError::invalid_request(message).with_code("rate_limit_exceeded");
-    e.status = 429;
-    e.body.error.kind = kind.to_owned();
-    e
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
 
     fn auth(keys: &str, default: KeyLimits) -> Auth {
         let table = KeyTable::parse(keys, &default).expect("keys");
-        let a = Auth::new(&AuthConfig::default(), &Metrics::new()).expect("auth");
-        *a.table.write().expect("lock") = Arc::new(table);
+        let a = Auth::new(&AuthConfig::default(), None, &Metrics::new()).expect("auth");
+        a.install(table);
         Auth { enabled: true, ..a }
     }
 
@@ -505,17 +514,8 @@ mod tests {
         assert_eq!(v["cache_salt"], "wp-1:mine");
     }
 
-    #[test]
-    fn spans_read_as_openai_writes_them() {
-        assert_eq!(span(Duration::from_millis(20)), "20ms");
-        assert_eq!(span(Duration::from_millis(1500)), "1.5s");
-        assert_eq!(span(Duration::from_secs(1)), "1s");
-        assert_eq!(span(Duration::from_secs(360)), "6m0s");
-        assert_eq!(span(Duration::from_secs(3700)), "1h1m40s");
-    }
-
-    #[test]
-    fn keys_authenticate_and_limits_admit_and_refuse() {
+    #[tokio::test]
+    async fn keys_authenticate_and_limits_admit_and_refuse() {
         let keys = entry("alice", "wp-alice-key-0001", "requests_per_minute = 2\nmax_concurrent = 5")
             + &entry("bob", "wp-bob-key-00001", "models = [\"small\"]\ntokens_per_minute = 100");
         let a = auth(&keys, KeyLimits::default());
@@ -525,36 +525,36 @@ mod tests {
         assert!(e.body.error.message.contains("wp-***0002"), "{}", e.body.error.message);
         assert_eq!(a.authenticate(None).expect_err("none").status, 401);
         // Two a minute, then 429 with the wait.
-        let t1 = a.admit("alice", "p", "m", 10).expect("first");
+        let t1 = a.admit("alice", "p", "m", 10).await.expect("first");
         assert!(t1.headers.contains(&("x-ratelimit-remaining-requests", "1".to_owned())), "{:?}", t1.headers);
-        let _t2 = a.admit("alice", "p", "m", 10).expect("second");
-        let r = a.admit("alice", "p", "m", 10).expect_err("third");
+        let _t2 = a.admit("alice", "p", "m", 10).await.expect("second");
+        let r = a.admit("alice", "p", "m", 10).await.expect_err("third");
         assert_eq!((r.error.status, r.error.body.error.code.as_deref()), (429, Some("rate_limit_exceeded")));
         let after: f64 =
             r.headers.iter().find(|h| h.0 == "retry-after").expect("retry-after").1.parse().expect("n");
         assert!((1.0..=31.0).contains(&after), "{after}");
         // Models: bob may use only `small`; tokens: 100 a minute.
-        assert_eq!(a.admit("bob", "p", "big", 1).expect_err("model").error.status, 403);
-        let t = a.admit("bob", "p", "small", 80).expect("fits");
+        assert_eq!(a.admit("bob", "p", "big", 1).await.expect_err("model").error.status, 403);
+        let t = a.admit("bob", "p", "small", 80).await.expect("fits");
         // Settled with the real usage (30), 70 come back.
-        t.settle(Some((20, 10)));
-        let t = a.admit("bob", "p", "small", 60).expect("fits after the refund");
+        t.settle(Some((20, 10))).await;
+        let t = a.admit("bob", "p", "small", 60).await.expect("fits after the refund");
         drop(t);
-        let r = a.admit("bob", "p", "small", 500).expect_err("larger than the limit");
+        let r = a.admit("bob", "p", "small", 500).await.expect_err("larger than the limit");
         assert!(r.headers.iter().all(|h| h.0 != "retry-after"), "waiting does not help: {:?}", r.headers);
     }
 
-    #[test]
-    fn concurrency_and_sockets_are_held_by_their_guards() {
+    #[tokio::test]
+    async fn concurrency_and_sockets_are_held_by_their_guards() {
         let keys = entry("c", "wp-concurrent-01", "max_concurrent = 1\nmax_websockets = 1");
         let a = auth(&keys, KeyLimits::default());
-        let t = a.admit("c", "p", "m", 0).expect("one");
-        assert_eq!(a.admit("c", "p", "m", 0).expect_err("two").error.status, 429);
+        let t = a.admit("c", "p", "m", 0).await.expect("one");
+        assert_eq!(a.admit("c", "p", "m", 0).await.expect_err("two").error.status, 429);
         drop(t);
-        let _t = a.admit("c", "p", "m", 0).expect("one again");
-        let s = a.open_websocket("c").expect("socket");
-        assert!(a.open_websocket("c").is_err());
+        let _t = a.admit("c", "p", "m", 0).await.expect("one again");
+        let s = a.open_websocket("c").await.expect("socket");
+        assert!(a.open_websocket("c").await.is_err());
         drop(s);
-        assert!(a.open_websocket("c").is_ok());
+        assert!(a.open_websocket("c").await.is_ok());
     }
 }

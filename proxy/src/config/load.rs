@@ -175,6 +175,33 @@ url = "http://127.0.0.1:8000"
     }
 
     #[test]
+    fn a_fleets_redis_is_named_once_and_where_it_is_needed() {
+        let ok = |t: &str| parse("p.toml", &format!("{t}\n{MINIMAL}")).expect(t);
+        let bad = |t: &str| err(&format!("{t}\n{MINIMAL}")).message;
+        ok("[redis]\nurl = \"rediss://:pw@cache:6380/1\"\n[session]\nstore = \"redis\"");
+        ok("[redis]\ncluster = [\"redis://a:7000\", \"redis://b:7000\"]\n[auth]\nlimits_store = \"redis\"");
+        ok("[redis]\nsentinels = [\"redis://s:26379\"]\nsentinel_master = \"m\"\n[auth]\nenabled = true\nkeys_store = \"redis\"");
+        // The older spelling still names it.
+        ok("[session]\nstore = \"redis\"\nredis_url = \"redis://cache\"");
+        let m = bad("[redis]\nurl = \"redis://a\"\ncluster = [\"redis://b:7000\"]");
+        assert!(m.starts_with("redis: name one of url, cluster and sentinels"), "{m}");
+        let m = bad("[redis]\nsentinels = [\"redis://s:26379\"]");
+        assert!(m.starts_with("redis.sentinel_master:"), "{m}");
+        let m = bad("[auth]\nenabled = true\nkeys_store = \"redis\"");
+        assert!(m.starts_with("auth.keys_store: keys_store = \"redis\" needs a [redis] server"), "{m}");
+        let m = bad("[auth]\nlimits_store = \"redis\"");
+        assert!(m.starts_with("auth.limits_store:"), "{m}");
+        let m = bad("[session]\nstore = \"redis\"");
+        assert!(m.starts_with("session.store:"), "{m}");
+        let m = bad("[redis]\nurl = \"redis://a\"\n[session]\nredis_url = \"redis://b\"");
+        assert!(m.starts_with("session.redis_url:"), "{m}");
+        let m = bad("[redis]\nurl = \"memcached://a\"");
+        assert!(m.contains("memcached://a"), "{m}");
+        let m = bad("[redis]\nurl = \"redis://a\"\nclient_cert_file = \"c.pem\"");
+        assert!(m.starts_with("redis.client_cert_file:"), "{m}");
+    }
+
+    #[test]
     fn response_cache_limits_are_checked() {
         let rc = |body: &str| format!("{MINIMAL}[pools.response_cache]\nenabled = true\n{body}\n");
         parse("p.toml", &rc("max_mib = 8\nttl_s = 30\nshared = true")).expect("valid");

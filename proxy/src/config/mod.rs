@@ -8,12 +8,13 @@ mod auth;
 mod canon;
 mod load;
 mod pool;
+mod redis;
 mod safety;
 mod sessions;
 mod types;
 mod validate;
 
-pub use auth::{AuthConfig, KeyEntry, KeyLimits, KeysFile};
+pub use auth::{AuthConfig, KeyEntry, KeyLimits, KeysFile, KeysStore, LimitsStore, OnRedisError};
 
 pub use canon::{BuiltinRule, CanonConfig, NoteRole, RuleConfig, TokenizerKind, ToolsConfig};
 pub use load::{load, locate, parse, ConfigError, Source};
@@ -21,6 +22,7 @@ pub use pool::{
     BackendConfig, CacheAwareConfig, EmbeddedConfig, EmbeddedExecutor, IndexMode, PolicyKind, PoolConfig,
     PrefixHashConfig, ResponseCacheConfig, ResponsesMode, SessionConfig, Tenants,
 };
+pub use redis::RedisConfig;
 pub use safety::{
     GuardConfig, InputConfig, InputMode, ModerationConfig, OnError, OutputConfig, Refusal, Release,
     RuleAction, RulesConfig, SafetyConfig, Stage, DETECTORS,
@@ -59,6 +61,8 @@ pub struct Config {
     pub websocket: WebSocketConfig,
     #[serde(default)]
     pub auth: AuthConfig,
+    #[serde(default)]
+    pub redis: RedisConfig,
     #[serde(default)]
     pub pools: Vec<PoolConfig>,
 }

@@ -76,44 +76,44 @@ impl<'de> Deserialize<'de> for BackendUrl {
     }
 }
 
-/// `redis://[:password@]host:port[/db]` (also `redis://user:password@…`).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct RedisUrl {
-    pub addr: String,
-    pub user: Option<String>,
-    pub password: Option<String>,
-    pub db: u32,
-}
+/// A Redis server's URL, as the `redis` crate reads it: `redis://[[user]:password@]host[:port][/db]`,
+/// `rediss://…` for TLS, `redis+unix:///path`. Its password is never printed.
+#[derive(Clone, PartialEq, Eq)]
+pub struct RedisUrl(String);
 
 impl RedisUrl {
     pub fn parse(url: &str) -> Result<RedisUrl, String> {
-        let rest = url.strip_prefix("redis://").ok_or_else(|| format!("{url:?}: only redis:// URLs"))?;
-        let (auth, hostpart) = match rest.rsplit_once('@') {
-            Some((a, h)) => (Some(a), h),
-            None => (None, rest),
-        };
-        let (host, db) = match hostpart.split_once('/') {
-            Some((h, "")) => (h, 0),
-            Some((h, d)) => (h, d.parse().map_err(|_| format!("{url:?}: the database must be a number"))?),
-            None => (hostpart, 0),
-        };
-        if host.is_empty() {
-            return Err(format!("{url:?}: no host"));
+        use redis::IntoConnectionInfo;
+        let info = url.into_connection_info().map_err(|e| format!("{:?}: {e}", redact(url)))?;
+        if let redis::ConnectionAddr::Tcp(h, _) | redis::ConnectionAddr::TcpTls { host: h, .. } = info.addr()
+        {
+            if h.is_empty() {
+                return Err(format!("{:?}: no host", redact(url)));
+            }
         }
-        let addr = if host.rsplit_once(':').is_some_and(|(_, p)| p.parse::<u16>().is_ok()) {
-            host.to_owned()
-        } else {
-            format!("{host}:6379")
-        };
-        let (user, password) = match auth {
-            None => (None, None),
-            Some(a) => match a.split_once(':') {
-                Some(("", p)) => (None, Some(p.to_owned())),
-                Some((u, p)) => (Some(u.to_owned()), Some(p.to_owned())),
-                None => (None, Some(a.to_owned())),
-            },
-        };
-        Ok(RedisUrl { addr, user, password, db })
+        Ok(RedisUrl(url.to_owned()))
+    }
+
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+/// A URL with the password in its user part replaced by `***`.
+fn redact(url: &str) -> String {
+    let Some((scheme, rest)) = url.split_once("://") else { return url.to_owned() };
+    match rest.split_once('@') {
+        Some((user, host)) if user.contains(':') => {
+            let name = user.split_once(':').map_or("", |(n, _)| n);
+            format!("{scheme}://{name}:***@{host}")
+        }
+        _ => url.to_owned(),
+    }
+}
+
+impl fmt::Debug for RedisUrl {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{:?}", redact(&self.0))
     }
 }
 
@@ -214,19 +214,21 @@ mod tests {
             .clone()
             .try_into()
             .expect("url from the environment");
-        assert_eq!((u.addr.as_str(), u.password.as_deref()), ("cache:6390", Some("pw")));
+        assert_eq!(u.as_str(), "redis://:pw@cache:6390");
+        assert_eq!(format!("{u:?}"), "\"redis://:***@cache:6390\"");
     }
 
     #[test]
     fn redis_urls() {
-        let u = RedisUrl::parse("redis://127.0.0.1:6390/2").expect("url");
-        assert_eq!((u.addr.as_str(), u.db, u.password), ("127.0.0.1:6390", 2, None));
-        let u = RedisUrl::parse("redis://:secret@cache").expect("url");
-        assert_eq!((u.addr.as_str(), u.user, u.password.as_deref()), ("cache:6379", None, Some("secret")));
-        let u = RedisUrl::parse("redis://app:pw@h:1/").expect("url");
-        assert_eq!((u.user.as_deref(), u.password.as_deref(), u.db), (Some("app"), Some("pw"), 0));
-        assert!(RedisUrl::parse("http://h").is_err());
-        assert!(RedisUrl::parse("redis:///0").is_err());
-        assert!(RedisUrl::parse("redis://h/x").is_err());
+        for good in
+            ["redis://127.0.0.1:6390/2", "redis://:secret@cache", "redis://app:pw@h:1/", "rediss://h:6380"]
+        {
+            assert_eq!(RedisUrl::parse(good).expect(good).as_str(), good);
+        }
+        for bad in ["http://h", "redis:///0", "redis://h/x"] {
+            assert!(RedisUrl::parse(bad).is_err(), "{bad}");
+        }
+        let e = RedisUrl::parse("redis://u:hunter2@h/x").expect_err("bad db");
+        assert!(!e.contains("hunter2"), "{e}");
     }
 }

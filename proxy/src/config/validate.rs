@@ -4,7 +4,9 @@
 use std::collections::HashMap;
 use std::fmt;
 
-use super::{Config, IndexMode, PolicyKind, StoreKind, TokenizerKind, MAX_BACKENDS_PER_POOL};
+use super::{
+    Config, IndexMode, KeysStore, LimitsStore, PolicyKind, StoreKind, TokenizerKind, MAX_BACKENDS_PER_POOL,
+};
 
 /// One step of a key path: a table key or an array index.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -102,14 +104,42 @@ pub fn validate(cfg: &Config) -> Result<(), Invalid> {
     positive(sess.key("max_mib"), cfg.session.max_mib)?;
     positive(sess.key("ttl_s"), cfg.session.ttl_s)?;
     positive(sess.key("redis_timeout_ms"), cfg.session.redis_timeout_ms)?;
-    if cfg.session.store == StoreKind::Redis && cfg.session.redis_url.is_none() {
-        return Err(sess.key("redis_url").err("store = \"redis\" needs redis_url"));
+    let r = root.key("redis");
+    let named = [cfg.redis.url.is_some(), !cfg.redis.cluster.is_empty(), !cfg.redis.sentinels.is_empty()];
+    if named.iter().filter(|n| **n).count() > 1 {
+        return Err(r.err("name one of url, cluster and sentinels"));
     }
-    if cfg.auth.enabled && cfg.auth.keys_file.is_none() {
-        return Err(root
-            .key("auth")
-            .key("keys_file")
-            .err("enabled = true needs a keys file (warmpath keys add NAME writes one)"));
+    if !cfg.redis.sentinels.is_empty() && cfg.redis.sentinel_master.is_none() {
+        return Err(r.key("sentinel_master").err("sentinels need the name of the master they watch"));
+    }
+    if cfg.redis.client_cert_file.is_some() != cfg.redis.client_key_file.is_some() {
+        return Err(r.key("client_cert_file").err("client_cert_file and client_key_file go together"));
+    }
+    positive(r.key("timeout_ms"), cfg.redis.timeout_ms)?;
+    let needs_redis = |at: Path, what: &str| {
+        if cfg.redis.configured() || cfg.session.redis_url.is_some() {
+            Ok(())
+        } else {
+            Err(at.err(format!("{what} needs a [redis] server (url, cluster or sentinels)")))
+        }
+    };
+    if cfg.session.store == StoreKind::Redis {
+        needs_redis(sess.key("store"), "store = \"redis\"")?;
+    }
+    if cfg.session.redis_url.is_some() && cfg.redis.configured() {
+        return Err(sess.key("redis_url").err("the Redis is named in [redis]; drop redis_url here"));
+    }
+    let auth = root.key("auth");
+    if cfg.auth.keys_store == KeysStore::Redis {
+        needs_redis(auth.key("keys_store"), "keys_store = \"redis\"")?;
+    }
+    if cfg.auth.limits_store == LimitsStore::Redis {
+        needs_redis(auth.key("limits_store"), "limits_store = \"redis\"")?;
+    }
+    if cfg.auth.enabled && cfg.auth.keys_store == KeysStore::File && cfg.auth.keys_file.is_none() {
+        return Err(root.key("auth").key("keys_file").err(
+            "enabled = true needs a keys file (warmpath keys add NAME writes one), or keys_store = \"redis\"",
+        ));
     }
     positive(root.key("auth").key("reload_interval_ms"), cfg.auth.reload_interval_ms)?;
     let ws = root.key("websocket");

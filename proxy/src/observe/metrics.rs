@@ -134,6 +134,12 @@ pub struct Metrics {
     pub key_limited: IntCounterVec,
     /// Keys in the keys file as last loaded.
     pub auth_keys: IntGauge,
+    /// `use` (`sessions`, `keys`, `limits`): Redis calls that failed (an error or past
+    /// `[redis] timeout_ms`).
+    pub redis_errors: IntCounterVec,
+    /// `limit` (`requests`, `websockets`): admissions decided by this replica's own counts
+    /// because the fleet's (`limits_store = "redis"`) could not be reached.
+    pub limits_fail_open: IntCounterVec,
 }
 
 impl Metrics {
@@ -171,8 +177,9 @@ impl Metrics {
         let inflight_total = IntGauge::new("warmpath_inflight_requests", "Requests in flight in the proxy.")
             .expect("valid metric");
         registry.register(Box::new(inflight_total.clone())).expect("unique metric");
-        let auth_keys = IntGauge::new("warmpath_auth_keys", "API keys in the keys file as last loaded.")
-            .expect("valid metric");
+        let auth_keys =
+            IntGauge::new("warmpath_auth_keys", "API keys as last loaded (from the keys file or Redis).")
+                .expect("valid metric");
         registry.register(Box::new(auth_keys.clone())).expect("unique metric");
         let with_buckets = |name: &str, help: &str, labels: &[&str], buckets: Vec<f64>| {
             let h = HistogramVec::new(HistogramOpts::new(name, help).buckets(buckets), labels)
@@ -456,6 +463,16 @@ impl Metrics {
                 &["key", "limit"],
             ),
             auth_keys,
+            redis_errors: counter(
+                "warmpath_redis_errors_total",
+                "Redis calls that failed (an error, or no answer within [redis] timeout_ms), by what they were for: sessions, keys, limits.",
+                &["use"],
+            ),
+            limits_fail_open: counter(
+                "warmpath_limits_fail_open_total",
+                "Admissions decided by this replica's own counts because the fleet's limits in Redis could not be reached (limits_on_error = open).",
+                &["limit"],
+            ),
             client_disconnects,
             request_bytes,
             inflight_total,

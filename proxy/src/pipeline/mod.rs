@@ -77,10 +77,14 @@ pub async fn run(
     let Some(key) = head.key.as_deref() else {
         return admitted(state, pool, down, ctx, parsed, &body, head).await;
     };
-    let ticket = match state.auth.admit(key, &pool.name, parsed.model(), estimate(&parsed, &body)) {
+    let ticket = match state.auth.admit(key, &pool.name, parsed.model(), estimate(&parsed, &body)).await {
         Ok(t) => t,
         Err(r) => {
-            let reason = if r.error.status == 429 { "rate_limited" } else { "forbidden" };
+            let reason = match r.error.status {
+                429 => "rate_limited",
+                503 => "limits_unavailable",
+                _ => "forbidden",
+            };
             state.metrics.rejections.with_label_values(&[reason]).inc();
             ctx.status = r.error.status;
             return respond::send_error(down, &r.error, &r.headers).await;
@@ -94,7 +98,7 @@ pub async fn run(
         parsed.tenant_salt = state.auth.salt(key, pool.tenants).map(Into::into);
     }
     let done = admitted(state, pool, &mut stamped, ctx, parsed, &body, head).await;
-    ticket.settle(ctx.usage);
+    ticket.settle(ctx.usage).await;
     done
 }
 

@@ -248,7 +248,8 @@ impl Downstream for Translator<'_> {
         self.headers = header
             .headers
             .iter()
-            .filter(|(n, _)| n.as_str().starts_with("x-warmpath-"))
+            // warmpath's own headers and the key's rate limits (`x-ratelimit-*`) reach the client.
+            .filter(|(n, _)| n.as_str().starts_with("x-warmpath-") || n.as_str().starts_with("x-ratelimit-"))
             .filter_map(|(n, v)| Some((n.as_str().to_owned(), v.to_str().ok()?.to_owned())))
             .collect();
         let status = header.status.as_u16();

@@ -68,6 +68,7 @@ impl Turn {
                     Err(e) => {
                         tracing::warn!(error = %e, "conversation store read failed");
                         state.metrics.session_store_ops.with_label_values(&["get", "error"]).inc();
+                        state.metrics.redis_errors.with_label_values(&["sessions"]).inc();
                         return Err(ApiError::unavailable(format!("the conversation store failed: {e}"))
                             .with_code("session_store_unavailable"));
                     }
@@ -198,6 +199,7 @@ pub async fn run(
                 let label = if result.is_ok() { "ok" } else { "error" };
                 state.metrics.session_store_ops.with_label_values(&["put", label]).inc();
                 if let Err(e) = result {
+                    state.metrics.redis_errors.with_label_values(&["sessions"]).inc();
                     tracing::warn!(error = %e, id = %c.id, "conversation store write failed");
                 }
                 if let Store::Memory(_) = &*state.sessions {

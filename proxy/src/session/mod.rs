@@ -6,12 +6,11 @@
 //! points at its predecessor, so a chain of turns shares its prefix; the cache is bounded by
 //! bytes, each entry weighing its whole conversation (the bound holds however chains share),
 //! and entries live `ttl_s`. In Redis (`store = "redis"`) each response is one key with the
-//! whole conversation, so a client may continue on any warmpath replica sharing the server.
+//! whole conversation, so a client may continue on any warmpath replica sharing the server
+//! (`[redis]`: one server, a cluster or Sentinel).
 //!
 //! Responses belong to the API key that made them (the `Authorization` header, hashed): a
 //! lookup with another key finds nothing, exactly as an unknown id.
-
-pub mod redis;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -20,6 +19,7 @@ use serde_json::Value;
 use xxhash_rust::xxh3::xxh3_64_with_seed;
 
 use crate::config::{ConversationConfig, StoreKind};
+use crate::shared::{Shared, SharedError};
 
 /// Seed of the caller hash (any fixed value: it only partitions ids).
 const TENANT_SEED: u64 = 0x7761_726d_7061_7468;
@@ -138,16 +138,17 @@ struct Stored {
 #[derive(Debug, thiserror::Error)]
 pub enum StoreError {
     #[error(transparent)]
-    Redis(#[from] redis::RedisError),
+    Redis(#[from] SharedError),
 }
 
 pub enum Store {
     Memory(moka::sync::Cache<String, Arc<Conversation>>),
-    Redis { client: redis::Redis, ttl: Duration },
+    Redis { client: Arc<Shared>, ttl: Duration },
 }
 
 impl Store {
-    pub fn new(cfg: &ConversationConfig) -> Result<Store, String> {
+    /// `redis` is the fleet's Redis (`[redis]`), where one is configured.
+    pub fn new(cfg: &ConversationConfig, redis: Option<&Arc<Shared>>) -> Result<Store, String> {
         let ttl = Duration::from_secs(cfg.ttl_s);
         match cfg.store {
             StoreKind::Memory => Ok(Store::Memory(
@@ -160,9 +161,8 @@ impl Store {
                     .build(),
             )),
             StoreKind::Redis => {
-                let url = cfg.redis_url.clone().ok_or("store = \"redis\" needs redis_url")?;
-                let timeout = Duration::from_millis(cfg.redis_timeout_ms);
-                Ok(Store::Redis { client: redis::Redis::new(url, timeout), ttl })
+                let client = redis.ok_or("store = \"redis\" needs a [redis] server")?.clone();
+                Ok(Store::Redis { client, ttl })
             }
         }
     }
@@ -176,7 +176,8 @@ impl Store {
         let found = match self {
             Store::Memory(c) => c.get(id),
             Store::Redis { client, .. } => {
-                client.get(&Self::key(id)).await?.and_then(|b| Conversation::from_json(id, &b)).map(Arc::new)
+                let bytes: Option<Vec<u8>> = client.query(redis::cmd("GET").arg(Self::key(id))).await?;
+                bytes.and_then(|b| Conversation::from_json(id, &b)).map(Arc::new)
             }
         };
         Ok(found.filter(|c| c.tenant == tenant))
@@ -185,7 +186,12 @@ impl Store {
     pub async fn put(&self, c: Arc<Conversation>) -> Result<(), StoreError> {
         match self {
             Store::Memory(m) => m.insert(c.id.clone(), c),
-            Store::Redis { client, ttl } => client.set(&Self::key(&c.id), &c.to_json(), *ttl).await?,
+            Store::Redis { client, ttl } => {
+                let ms = ttl.as_millis().max(1) as u64;
+                client
+                    .query::<()>(redis::cmd("SET").arg(Self::key(&c.id)).arg(c.to_json()).arg("PX").arg(ms))
+                    .await?
+            }
         }
         Ok(())
     }
@@ -229,7 +235,7 @@ mod tests {
     #[tokio::test]
     async fn another_tenant_finds_nothing_and_memory_is_bounded() {
         let cfg = ConversationConfig { max_mib: 1, ..ConversationConfig::default() };
-        let s = Store::new(&cfg).expect("store");
+        let s = Store::new(&cfg, None).expect("store");
         let c = Arc::new(Conversation::new(
             "r1".into(),
             tenant(Some(b"Bearer a")),

@@ -120,14 +120,17 @@ pub async fn serve(
         return send_error(session, &e, &[]).await;
     };
     // The caller's key holds one of its WebSocket slots while the connection is open.
-    let _key_slot = match ctx.key.as_deref().map(|k| state.auth.open_websocket(k)) {
+    let _key_slot = match ctx.key.as_deref() {
         None => None,
-        Some(Ok(s)) => Some(s),
-        Some(Err(r)) => {
-            ctx.status = r.error.status;
-            state.metrics.rejections.with_label_values(&["rate_limited"]).inc();
-            return send_error(session, &r.error, &r.headers).await;
-        }
+        Some(k) => match state.auth.open_websocket(k).await {
+            Ok(s) => Some(s),
+            Err(r) => {
+                ctx.status = r.error.status;
+                let reason = if r.error.status == 429 { "rate_limited" } else { "limits_unavailable" };
+                state.metrics.rejections.with_label_values(&[reason]).inc();
+                return send_error(session, &r.error, &r.headers).await;
+            }
+        },
     };
     let key =
         session.req_header().headers.get("sec-websocket-key").and_then(|v| v.to_str().ok()).unwrap_or("");
