@@ -2,7 +2,9 @@
 //! (connections kept alive; a new connection per request with a full handshake, and with a
 //! resumed session; plain HTTP with a new connection per request beside them, so the
 //! handshake's share can be read off), and with API keys and per-key limits on (limits set
-//! high enough never to refuse: the cost of checking, not of refusing).
+//! high enough never to refuse: the cost of checking, not of refusing), counted in the process
+//! and, where `redis-server` is installed, for a fleet in Redis (one script per admission and
+//! one per settlement; Redis' own CPU is not in the figure).
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -70,10 +72,39 @@ pub fn targets(up: SocketAddr, threads: usize) -> anyhow::Result<Vec<Target>> {
          tokens_per_minute = 100000000000\nmax_concurrent = 100000\n",
         keys.display().to_string()
     );
-    add(
-        "API key + limits",
-        &auth,
-        Client { auth: Some(format!("Bearer {bench_key}")), ..Client::default() },
-    )?;
+    let keyed = Client { auth: Some(format!("Bearer {bench_key}")), ..Client::default() };
+    add("API key + limits", &auth, keyed.clone())?;
+    if let Some((mut redis, url)) = redis_server()? {
+        let fleet = auth.replace(
+            "[auth.limits]",
+            &format!("limits_store = \"redis\"\n[redis]\nurl = {url:?}\n[auth.limits]"),
+        );
+        if let Err(e) = add("API key + limits in Redis", &fleet, keyed) {
+            let _ = redis.kill();
+            return Err(e);
+        }
+        if let Some(t) = out.last_mut() {
+            t.beside.push(redis);
+        }
+    }
     Ok(out)
+}
+
+/// A `redis-server` on a free port, nothing persisted, and its URL; none where it is not
+/// installed.
+fn redis_server() -> anyhow::Result<Option<(std::process::Child, String)>> {
+    let port = targets::free_addr()?.port();
+    let child = std::process::Command::new("redis-server")
+        .args(["--port", &port.to_string(), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn();
+    let Ok(child) = child else { return Ok(None) };
+    for _ in 0..200 {
+        if std::net::TcpStream::connect(("127.0.0.1", port)).is_ok() {
+            return Ok(Some((child, format!("redis://127.0.0.1:{port}"))));
+        }
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+    anyhow::bail!("redis-server did not listen on {port}")
 }

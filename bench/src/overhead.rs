@@ -244,6 +244,7 @@ pub async fn run(a: Args) -> anyhow::Result<()> {
             for (name, base, base_name) in [
                 ("warmpath https", plain, "warmpath round_robin"),
                 ("warmpath API key + limits", plain, "warmpath round_robin"),
+                ("warmpath API key + limits in Redis", plain, "warmpath round_robin"),
             ] {
                 if let Some(c) = exact(name) {
                     let _ = writeln!(

@@ -18,6 +18,8 @@ pub struct Target {
     pub admin: Option<SocketAddr>,
     /// How clients talk to it (TLS, an API key, a connection per request).
     pub client: crate::load::Client,
+    /// Processes it needs beside it (a Redis), stopped with it; their CPU is not counted.
+    pub beside: Vec<Child>,
 }
 
 impl Target {
@@ -30,6 +32,10 @@ impl Drop for Target {
     /// SIGTERM first, so that nginx's master stops its workers (SIGKILL would orphan them) and
     /// warmpath drains; SIGKILL after two seconds.
     fn drop(&mut self) {
+        for b in &mut self.beside {
+            let _ = b.kill();
+            let _ = b.wait();
+        }
         let Some(c) = self.child.as_mut() else { return };
         let _ = Command::new("kill").args(["-TERM", &c.id().to_string()]).status();
         let deadline = Instant::now() + Duration::from_secs(2);
@@ -79,11 +85,25 @@ pub fn spawn(name: &str, cmd: &mut Command, addr: SocketAddr) -> anyhow::Result<
         .stderr(Stdio::from(log))
         .spawn()
         .with_context(|| format!("starting {name}"))?;
-    Ok(Target { name: name.to_owned(), addr, child: Some(child), admin: None, client: Default::default() })
+    Ok(Target {
+        name: name.to_owned(),
+        addr,
+        child: Some(child),
+        admin: None,
+        client: Default::default(),
+        beside: Vec::new(),
+    })
 }
 
 pub fn direct(upstream: SocketAddr) -> Target {
-    Target { name: "direct".into(), addr: upstream, child: None, admin: None, client: Default::default() }
+    Target {
+        name: "direct".into(),
+        addr: upstream,
+        child: None,
+        admin: None,
+        client: Default::default(),
+        beside: Vec::new(),
+    }
 }
 
 /// The pool tables the `+features` of a warmpath target spec turn on: `canon`

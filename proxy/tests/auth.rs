@@ -369,3 +369,45 @@ fn tenants_cannot_probe_each_others_cached_prompts_unless_the_pool_shares() {
         }
     }
 }
+
+/// A stream that did not ask for usage, from a key whose tokens are limited: warmpath asks the
+/// backend for it, settles the reservation with it, and the client's stream stays as asked
+/// (no usage chunk); a client that asked still gets its usage.
+#[test]
+fn a_stream_is_settled_with_usage_the_client_did_not_ask_for() {
+    let dir = TempDir::new();
+    let keys = dir.path().join("keys.toml");
+    let key = add_key(&keys, "s", None);
+    let script = dir.path().join("script.json");
+    std::fs::write(&script, json!([{"when": "", "reply": "Hello."}]).to_string()).expect("script");
+    let e = Engine::sim("m", &["--script", &script.display().to_string()]);
+    let limits = "[auth.limits]\ntokens_per_minute = 1000\n";
+    let proxy = Proxy::start(&policy(&auth_policy(&keys, limits), "", &["m"], &[("e", e.url())]));
+    let remaining =
+        |r: &Resp| r.header("x-ratelimit-remaining-tokens").and_then(|v| v.parse::<u64>().ok()).expect("n");
+    let mut body = chat("m", "hi", 400);
+    body["stream"] = json!(true);
+    let r = post_as(&proxy, &key, "/v1/chat/completions", &body);
+    assert_eq!(r.status, 200, "{}", r.text());
+    let reserved = 1000 - remaining(&r);
+    assert!(reserved >= 400, "{reserved}");
+    let text = r.text();
+    assert!(text.contains("Hello") && text.trim_end().ends_with("data: [DONE]"), "{text}");
+    assert!(!text.contains("\"usage\":{"), "the client did not ask for usage: {text}");
+    // Settled with the real usage: most of the 400 came back.
+    let r = post_as(&proxy, &key, "/v1/chat/completions", &chat("m", "hi", 1));
+    assert!(
+        remaining(&r) > 1000 - reserved + 300,
+        "{} left of 1000 after reserving {reserved}",
+        remaining(&r)
+    );
+    let m = proxy.metrics();
+    assert!(
+        metric(&m, r#"warmpath_key_tokens_total{key="s",kind="completion"}"#).unwrap_or(0.0) >= 2.0,
+        "{m}"
+    );
+    // A client that asks gets its usage chunk as before.
+    body["stream_options"] = json!({"include_usage": true});
+    let text = post_as(&proxy, &key, "/v1/chat/completions", &body).text();
+    assert!(text.contains("\"usage\":{"), "{text}");
+}

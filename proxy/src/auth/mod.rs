@@ -329,13 +329,8 @@ pub fn salted_body(body: bytes::Bytes, salt: &str, theirs: Option<&str>) -> byte
         v.insert("cache_salt".into(), serde_json::Value::String(format!("{salt}:{theirs}")));
         return bytes::Bytes::from(serde_json::Value::Object(v).to_string());
     }
-    // An object that is not empty (`model` is required): the salt goes in after its `{`.
-    let open = body.iter().position(|b| *b == b'{').map_or(0, |i| i + 1);
-    let mut out = Vec::with_capacity(body.len() + salt.len() + 16);
-    out.extend_from_slice(&body[..open]);
-    out.extend_from_slice(format!("\"cache_salt\":{},", quoted(salt)).as_bytes());
-    out.extend_from_slice(&body[open..]);
-    bytes::Bytes::from(out)
+    // An object that is not empty (`model` is required): the salt goes in first.
+    bytes::Bytes::from(crate::request::json::insert_first(&body, "cache_salt", &quoted(salt)))
 }
 
 /// Re-reads the keys when they change (`warmpath keys add` takes effect without a restart),
@@ -418,6 +413,11 @@ impl std::fmt::Debug for Ticket {
 }
 
 impl Ticket {
+    /// Whether the key's tokens are limited (so a stream's real usage is worth asking for).
+    pub fn counts_tokens(&self) -> bool {
+        self.limits.tokens_per_minute.is_some() || self.limits.tokens_per_day.is_some()
+    }
+
     /// The request is over: `usage` (prompt, completion tokens) where the answer said, which
     /// replaces the reservation; without it the reservation stands. A slot counted in Redis
     /// is freed before this returns (see [`Fleet::finish`]).

@@ -29,6 +29,7 @@ mod refusal;
 pub mod relay;
 mod release;
 pub mod respond;
+mod usage;
 
 use std::sync::Arc;
 use std::time::Instant;
@@ -90,10 +91,21 @@ pub async fn run(
             return respond::send_error(down, &r.error, &r.headers).await;
         }
     };
+    let mut parsed = parsed;
+    // A stream of a key whose tokens are limited asks for its usage (which settles them); the
+    // client does not see the chunk it did not ask for.
+    parsed.ask_usage = ticket.counts_tokens() && usage::unasked(&parsed);
+    let mut hidden;
+    let down: &mut dyn Downstream = match parsed.ask_usage {
+        true => {
+            hidden = usage::HideUsage::new(down);
+            &mut hidden
+        }
+        false => down,
+    };
     let mut stamped = Stamped { inner: down, headers: &ticket.headers, hide_routing: !pool.route_headers };
     // Tenants apart: the key's salt goes to the backends as `cache_salt`, and the prefix
     // blocks warmpath routes by are salted the same way.
-    let mut parsed = parsed;
     if route != LlmRoute::Embeddings {
         parsed.tenant_salt = state.auth.salt(key, pool.tenants).map(Into::into);
     }
@@ -166,6 +178,7 @@ async fn admitted(
     let reparsed = redacted.as_ref().and_then(|b| {
         let mut p = LlmRequest::parse(parsed.route, b).ok()?;
         p.tenant_salt = parsed.tenant_salt.clone();
+        p.ask_usage = parsed.ask_usage;
         Some((p, b))
     });
     let (parsed, body) = reparsed.unwrap_or((parsed, body));
@@ -238,6 +251,7 @@ async fn stages(
     let key = route_key(&pool.route, &parsed, head.session_id.as_deref(), prepared.blocks);
     let salt =
         parsed.tenant_salt.clone().map(|t| (t, parsed.extra_str("cache_salt").map(|c| c.into_owned())));
+    let ask_usage = parsed.ask_usage;
     drop(parsed);
     // 6. Forward.
     let out = Outgoing {
@@ -247,9 +261,13 @@ async fn stages(
         template: &head.template,
         body: {
             let out = prepared.body.map(Bytes::from).unwrap_or_else(|| body.clone());
-            match &salt {
+            let out = match &salt {
                 Some((t, theirs)) => crate::auth::salted_body(out, t, theirs.as_deref()),
                 None => out,
+            };
+            match ask_usage {
+                true => usage::ask(out),
+                false => out,
             }
         },
         search: prepared.search.as_ref(),

@@ -1,4 +1,5 @@
-//! JSON text in canonical form: keys sorted at every depth, no insignificant whitespace.
+//! JSON text in canonical form (keys sorted at every depth, no insignificant whitespace), and
+//! a field put into an object's text without touching its other bytes.
 
 use std::borrow::Cow;
 
@@ -46,6 +47,21 @@ pub fn minify(raw: &str) -> Cow<'_, str> {
 /// `s` as a JSON string literal.
 pub fn string(s: &str) -> String {
     serde_json::to_string(s).unwrap_or_else(|_| "\"\"".to_owned())
+}
+
+/// `body` (a JSON object the request parser accepted, so not empty) with `"key":value` put
+/// first, every other byte as it was; `value` is JSON text. The object must not have `key`
+/// already (the caller rewrites a body that does).
+pub fn insert_first(body: &[u8], key: &str, value: &str) -> Vec<u8> {
+    let open = body.iter().position(|b| *b == b'{').map_or(0, |i| i + 1);
+    let mut out = Vec::with_capacity(body.len() + key.len() + value.len() + 4);
+    out.extend_from_slice(&body[..open]);
+    out.extend_from_slice(string(key).as_bytes());
+    out.push(b':');
+    out.extend_from_slice(value.as_bytes());
+    out.push(b',');
+    out.extend_from_slice(&body[open..]);
+    out
 }
 
 #[cfg(test)]

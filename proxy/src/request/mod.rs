@@ -210,6 +210,9 @@ pub struct LlmRequest<'a> {
     /// the request's own `cache_salt` wherever prefix blocks are hashed, and put into the body
     /// that goes to the backend.
     pub tenant_salt: Option<std::sync::Arc<str>>,
+    /// Ask the backend for this stream's usage, which the client did not (the caller's tokens
+    /// are limited: the usage settles them).
+    pub ask_usage: bool,
 }
 
 impl<'a> LlmRequest<'a> {
@@ -326,6 +329,7 @@ impl<'de> Visitor<'de> for RequestSeed {
             tools,
             extra,
             tenant_salt: None,
+            ask_usage: false,
         })
     }
 }
