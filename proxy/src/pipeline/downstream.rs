@@ -58,11 +58,14 @@ impl Downstream for Session {
 
 /// A client whose answer's header gets `headers` added (the caller's rate-limit state), and,
 /// with `hide_routing`, loses warmpath's routing headers (which backend, which prefix, what
-/// the router believed cached: what one tenant must not learn of another's prompts).
+/// the router believed cached: what one tenant must not learn of another's prompts) — an API
+/// key's view of its answer.
 pub struct Stamped<'d> {
     pub inner: &'d mut dyn Downstream,
     pub headers: &'d [(&'static str, String)],
     pub hide_routing: bool,
+    /// Takes out the usage chunk warmpath asked for and the client did not.
+    pub hide_usage: Option<super::usage::UsageFilter>,
 }
 
 #[async_trait]
@@ -84,7 +87,13 @@ impl Downstream for Stamped<'_> {
     }
 
     async fn write_response_body(&mut self, body: Option<Bytes>, end: bool) -> pingora::Result<()> {
-        self.inner.write_response_body(body, end).await
+        match &mut self.hide_usage {
+            Some(f) => match f.pass(body, end) {
+                Some(out) => self.inner.write_response_body(Some(out), end).await,
+                None => Ok(()),
+            },
+            None => self.inner.write_response_body(body, end).await,
+        }
     }
 
     async fn gone(&mut self) {

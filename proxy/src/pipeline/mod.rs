@@ -95,15 +95,12 @@ pub async fn run(
     // A stream of a key whose tokens are limited asks for its usage (which settles them); the
     // client does not see the chunk it did not ask for.
     parsed.ask_usage = ticket.counts_tokens() && usage::unasked(&parsed);
-    let mut hidden;
-    let down: &mut dyn Downstream = match parsed.ask_usage {
-        true => {
-            hidden = usage::HideUsage::new(down);
-            &mut hidden
-        }
-        false => down,
+    let mut stamped = Stamped {
+        inner: down,
+        headers: &ticket.headers,
+        hide_routing: !pool.route_headers,
+        hide_usage: parsed.ask_usage.then(usage::UsageFilter::default),
     };
-    let mut stamped = Stamped { inner: down, headers: &ticket.headers, hide_routing: !pool.route_headers };
     // Tenants apart: the key's salt goes to the backends as `cache_salt`, and the prefix
     // blocks warmpath routes by are salted the same way.
     if route != LlmRoute::Embeddings {

@@ -3,13 +3,11 @@
 //! all honour it), so the stream's real usage settles the key's reservation — without it a
 //! stream would be counted at its estimate, and one without `max_tokens` would spend nothing
 //! for what it wrote. The usage-only chunk it adds (`"choices": []`) is taken out of what the
-//! client gets, which stays the stream it asked for.
+//! client gets (`UsageFilter`, in the keyed client's `Stamped`), which stays the stream it
+//! asked for.
 
-use async_trait::async_trait;
 use bytes::{Bytes, BytesMut};
-use pingora::http::ResponseHeader;
 
-use super::downstream::Downstream;
 use crate::request::{LlmRequest, LlmRoute};
 
 /// Whether `req` is a stream that reports no usage unless asked.
@@ -41,16 +39,27 @@ pub fn ask(body: Bytes) -> Bytes {
     }
 }
 
-/// A client whose stream loses the usage-only chunk warmpath asked for.
-pub struct HideUsage<'d> {
-    pub inner: &'d mut dyn Downstream,
+/// What takes the usage-only chunk warmpath asked for out of a client's stream: complete
+/// events go on, an event cut between two writes waits for its end.
+#[derive(Debug, Default)]
+pub struct UsageFilter {
     /// The start of an event not yet complete.
     pending: BytesMut,
 }
 
-impl<'d> HideUsage<'d> {
-    pub fn new(inner: &'d mut dyn Downstream) -> HideUsage<'d> {
-        HideUsage { inner, pending: BytesMut::new() }
+impl UsageFilter {
+    /// What of `body` goes to the client now (`None`: nothing yet).
+    pub fn pass(&mut self, body: Option<Bytes>, end: bool) -> Option<Bytes> {
+        if let Some(b) = body {
+            self.pending.extend_from_slice(&b);
+        }
+        let cut = match end {
+            true => self.pending.len(),
+            false => last_boundary(&self.pending)?,
+        };
+        let done = self.pending.split_to(cut);
+        let out = without_usage(&done);
+        (!out.is_empty() || end).then(|| Bytes::from(out))
     }
 }
 
@@ -100,42 +109,6 @@ fn first_boundary(b: &[u8]) -> Option<usize> {
     match (lf, crlf) {
         (Some(a), Some(b)) => Some(a.min(b)),
         (a, b) => a.or(b),
-    }
-}
-
-#[async_trait]
-impl Downstream for HideUsage<'_> {
-    async fn write_response_header(&mut self, header: Box<ResponseHeader>, end: bool) -> pingora::Result<()> {
-        self.inner.write_response_header(header, end).await
-    }
-
-    async fn write_response_body(&mut self, body: Option<Bytes>, end: bool) -> pingora::Result<()> {
-        if let Some(b) = body {
-            self.pending.extend_from_slice(&b);
-        }
-        let cut = match end {
-            true => Some(self.pending.len()),
-            false => last_boundary(&self.pending),
-        };
-        let Some(cut) = cut else { return Ok(()) };
-        let done = self.pending.split_to(cut);
-        let out = without_usage(&done);
-        if out.is_empty() && !end {
-            return Ok(());
-        }
-        self.inner.write_response_body(Some(Bytes::from(out)), end).await
-    }
-
-    async fn gone(&mut self) {
-        self.inner.gone().await
-    }
-
-    fn close_after(&mut self) {
-        self.inner.close_after();
-    }
-
-    fn stopped(&self) -> bool {
-        self.inner.stopped()
     }
 }
 
