@@ -20,7 +20,7 @@ LAYERS = [
     ["pipeline"],                              # one LLM request through the stages, in order
     ["responses"],                             # a Responses turn over the pipeline
     ["http", "ws"],                            # entry points, siblings
-    ["entry"],                                 # pingora's ProxyHttp: which entry point a request goes to
+    ["entry", "shutdown"],                     # pingora's ProxyHttp: which entry point a request goes to; the drain
     ["server"],                                # assembly: everything built from the policy file
     ["cli", "main", "lib"],                    # the command line
 ]

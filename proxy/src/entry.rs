@@ -31,6 +31,9 @@ enum Route {
     /// `GET /v1/responses` with `Upgrade: websocket`.
     WebSocket,
     Models,
+    /// `GET /health`: ready or not, as vLLM's own `/health` (load balancers and Kubernetes
+    /// probes look for it on the API port).
+    Health,
     MethodNotAllowed(&'static str),
     NotFound,
 }
@@ -46,6 +49,7 @@ fn route_of(req: &pingora::http::RequestHeader) -> Route {
         (Some(_), _) => Route::MethodNotAllowed("POST"),
         (None, "/v1/models") if method == http::Method::GET => Route::Models,
         (None, "/v1/models") => Route::MethodNotAllowed("GET"),
+        (None, "/health") if method == http::Method::GET => Route::Health,
         _ => Route::NotFound,
     }
 }
@@ -63,6 +67,8 @@ impl ProxyHttp for WarmpathProxy {
             session.set_abort_on_close(false);
         }
         crate::limits::headers_done(session);
+        // A kept-alive connection waits this long for its next request, then closes.
+        session.set_keepalive(Some(self.state.cfg.limits.keepalive_idle_s));
         // A client may send its next request before it has read this answer (HTTP/1.1
         // pipelining): its bytes are kept for the next request, which is answered after this
         // one, rather than read as a disconnect.
@@ -125,6 +131,10 @@ impl ProxyHttp for WarmpathProxy {
             Route::Models => {
                 ctx.route = "models";
                 crate::http::models::serve(state, session, ctx).await?;
+            }
+            Route::Health => {
+                ctx.route = "health";
+                ctx.status = crate::http::health::serve(state, session).await?;
             }
             Route::MethodNotAllowed(allow) => {
                 let mut e = ApiError::invalid_request(format!("method {} is not allowed here", req.method));

@@ -15,8 +15,9 @@
 //! 4. [`pipeline`]: one LLM request through the stages, in order;
 //! 5. [`responses`]: a Responses turn over the pipeline;
 //! 6. entry points, siblings: [`http`] (the HTTP routes) and [`ws`] (WebSocket mode);
-//! 7. [`entry`] (pingora's `ProxyHttp`: which entry point a request goes to), [`server`] (the
-//!    assembly: everything built from the policy file, in one place) and [`cli`].
+//! 7. [`entry`] (pingora's `ProxyHttp`: which entry point a request goes to), [`shutdown`] (the
+//!    drain on SIGTERM), [`server`] (the assembly: everything built from the policy file, in
+//!    one place) and [`cli`].
 
 pub mod auth;
 pub mod cache;
@@ -36,6 +37,7 @@ pub mod safety;
 pub mod server;
 pub mod session;
 pub mod shared;
+pub mod shutdown;
 pub mod state;
 pub mod tls;
 pub mod tools;

@@ -21,7 +21,7 @@ use crate::config::{Config, ConfigError, Invalid, LogFormat, PathSeg, PoolConfig
 use crate::embedded::{Embedded, Replica};
 use crate::entry::WarmpathProxy;
 use crate::limits::{Connections, WithHeaderDeadline};
-use crate::observe::{AdminApp, Metrics};
+use crate::observe::{AdminApp, Lifecycle, Metrics};
 use crate::pipeline::guard::{LateState, PoolCompleter};
 use crate::route::events::EventFeeds;
 use crate::route::health::HealthChecker;
@@ -280,7 +280,10 @@ pub fn run(policy: Policy) -> anyhow::Result<()> {
 
     let conf = ServerConf {
         threads: cfg.server.threads,
-        grace_period_seconds: Some(cfg.server.grace_period_secs),
+        // warmpath's own drain (`shutdown.rs`) exits as soon as nothing is in flight, and by
+        // the grace period plus a moment for the last error events; pingora's own grace (a
+        // plain sleep, then every task dropped) must not cut in before it.
+        grace_period_seconds: Some(cfg.server.grace_period_secs + 5),
         graceful_shutdown_timeout_seconds: Some(5),
         // Each warmpath process gets its own files, so two can run side by side.
         pid_file: format!("/tmp/warmpath-{}.pid", std::process::id()),
@@ -306,6 +309,7 @@ pub fn run(policy: Policy) -> anyhow::Result<()> {
         ),
         ws: Connections::new(metrics.ws_connections.with_label_values(&["api"])),
         auth: Arc::new(Auth::new(&cfg.auth, redis.as_ref(), &metrics).map_err(anyhow::Error::msg)?),
+        lifecycle: Arc::new(Lifecycle::default()),
     });
     let _ = late.set(Arc::downgrade(&state));
     let state_fleet = state.auth.fleet();
@@ -313,7 +317,15 @@ pub fn run(policy: Policy) -> anyhow::Result<()> {
         "warmpath keys",
         WatchKeys { auth: state.auth.clone(), interval: Duration::from_millis(cfg.auth.reload_interval_ms) },
     );
-    let drain = background_service("warmpath websocket drain", crate::ws::DrainOnShutdown(state.clone()));
+    let drain = background_service(
+        "warmpath drain",
+        crate::shutdown::Drain {
+            state: state.clone(),
+            grace: Duration::from_secs(cfg.server.grace_period_secs),
+            pid_file: server.configuration.pid_file.clone(),
+        },
+    );
+    let lifecycle = state.lifecycle.clone();
     let proxy = pingora::proxy::http_proxy(&server.configuration, WarmpathProxy { state });
     let app = WithHeaderDeadline {
         inner: Arc::new(proxy),
@@ -338,6 +350,7 @@ pub fn run(policy: Policy) -> anyhow::Result<()> {
             metrics: metrics.clone(),
             unready: Box::new(move || ready.unready()),
             api: cfg.server.listen,
+            lifecycle,
         }),
     );
     match &cfg.server.admin_tls {

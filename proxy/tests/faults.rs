@@ -387,7 +387,7 @@ fn sigterm_lets_in_flight_streams_finish() {
     let text = String::from_utf8_lossy(&rest);
     assert!(text.contains("data: [DONE]"), "the stream ran to its end: {text}");
     assert!(!text.contains("event: error"), "{text}");
-    // It exits once the grace period is over, not before the stream is done.
+    // It exits once the stream is done (not before, and without waiting out the grace period).
     let exited = eventually(Duration::from_secs(20), || matches!(proxy.child.try_wait(), Ok(Some(_))));
     assert!(exited, "warmpath exits after SIGTERM");
 }

@@ -135,6 +135,9 @@ pub struct LimitsConfig {
     pub max_header_bytes: usize,
     /// What a client that half-closes its socket after sending a request gets.
     pub client_half_close: HalfClose,
+    /// Seconds an idle kept-alive connection stays open waiting for its next request (nginx's
+    /// `keepalive_timeout`); 0 keeps it open without limit.
+    pub keepalive_idle_s: u64,
 }
 
 /// A client half-closed its connection (sent FIN) while its request is answered.
@@ -157,6 +160,7 @@ impl Default for LimitsConfig {
             body_read_timeout_ms: 60_000,
             max_header_bytes: 32 << 10,
             client_half_close: HalfClose::Cancel,
+            keepalive_idle_s: 75,
         }
     }
 }

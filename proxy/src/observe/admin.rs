@@ -1,6 +1,6 @@
 //! The admin listener: `/metrics` (Prometheus text format), `/healthz` (the process answers)
-//! and `/readyz` (the API listener accepts connections and every pool has a backend that takes
-//! traffic).
+//! and `/readyz` (the API listener accepts connections, every pool has a backend that takes
+//! traffic, and the process is not draining).
 
 use async_trait::async_trait;
 use http::Response;
@@ -19,6 +19,8 @@ pub struct AdminApp {
     /// The API listener, checked by `/readyz` (pingora starts its services independently, so the
     /// admin listener can answer before the API one is bound).
     pub api: std::net::SocketAddr,
+    /// Draining after SIGTERM: not ready.
+    pub lifecycle: std::sync::Arc<super::Lifecycle>,
 }
 
 fn reply(status: u16, content_type: &str, body: Vec<u8>) -> Response<Vec<u8>> {
@@ -51,6 +53,9 @@ impl ServeHttp for AdminApp {
         match session.req_header().uri.path() {
             "/metrics" => reply(200, "text/plain; version=0.0.4", self.metrics.render()),
             "/healthz" => reply(200, "text/plain", b"ok\n".to_vec()),
+            "/readyz" if self.lifecycle.draining() => {
+                reply(503, "text/plain", b"draining: shutting down\n".to_vec())
+            }
             "/readyz" if !self.api_listening().await => reply(
                 503,
                 "text/plain",

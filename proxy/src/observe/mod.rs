@@ -1,8 +1,11 @@
-//! Observability: the metrics registry, and the admin listener that serves it (and says
-//! whether the process is ready, from a function the assembly gives it).
+//! Observability: the metrics registry, the admin listener that serves it (and says whether
+//! the process is ready, from a function the assembly gives it), and where the process is in
+//! its life (serving, draining, closing; the requests being served).
 
 mod admin;
+mod lifecycle;
 mod metrics;
 
 pub use admin::{AdminApp, Unready};
+pub use lifecycle::{Active, Lifecycle};
 pub use metrics::Metrics;

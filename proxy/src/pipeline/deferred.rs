@@ -18,7 +18,7 @@ use warmpath_wire::sse;
 use super::attempt::{self, note_failure, Attempt, Failure, Reached};
 use super::downstream::Downstream;
 use super::headers::{is_sse, response_header, WarmpathHeaders};
-use super::relay::{end_stream_with_error, ResponseId, Tail};
+use super::relay::{end_stream, end_stream_with_error, ResponseId, StreamEnd, Tail};
 use super::respond::send_error;
 use super::Outgoing;
 use crate::request::head::RequestTemplate;
@@ -240,6 +240,7 @@ async fn stream(
     let mut round = StreamRound::default();
     let mut usage: Option<Value> = None;
     let mut tail = Tail::default();
+    let mut closing = r.state.lifecycle.closing();
     loop {
         let mut split = sse::Splitter::default();
         loop {
@@ -248,11 +249,17 @@ async fn stream(
             }
             let chunk = tokio::select! {
                 biased;
-                c = up.read_response_body() => c,
+                c = up.read_response_body() => Some(c),
                 _ = down.gone() => {
                     super::client_left(r.state, down, ctx);
                     return Ok(Attempt::Done);
                 }
+                _ = closing.wait_for(|c| *c) => None,
+            };
+            let Some(chunk) = chunk else {
+                let msg = "warmpath is shutting down: the stream was cut; retry the request";
+                let _ = end_stream(down, route, &tail, msg, StreamEnd::Shutdown).await;
+                return Ok(Attempt::Done);
             };
             match chunk {
                 Ok(Some(bytes)) => {

@@ -12,7 +12,9 @@ use pingora::protocols::http::client::HttpSession;
 use super::attempt::{self, Attempt, Reached, Retries};
 use super::downstream::Downstream;
 use super::headers::{is_sse, response_header, WarmpathHeaders};
-use super::relay::{end_stream_with_error, pump, PrefillWatch, Pumped, ResponseId, Tail, UsageTail};
+use super::relay::{
+    end_stream, end_stream_with_error, pump, PrefillWatch, Pumped, ResponseId, StreamEnd, Tail, UsageTail,
+};
 use super::Outgoing;
 use crate::request::LlmRoute;
 use crate::route::{key, RouteKey, Selected};
@@ -122,7 +124,9 @@ async fn relay_answer(
     };
     let mut watch = PrefillWatch::new(sse);
     let prefill = (&sel.prefill, &mut watch);
-    let pumped = pump(&mut up, down, &mut ctx.first_byte, prefill, &mut tail, &mut observe).await;
+    let mut closing = state.lifecycle.closing();
+    let pumped =
+        pump(&mut up, down, &mut ctx.first_byte, prefill, &mut tail, &mut observe, &mut closing).await;
     ctx.usage = usage.as_ref().and_then(UsageTail::usage).or(ctx.usage);
     if let Some(id) = response_id.as_mut().and_then(ResponseId::take) {
         pool.policy.bind(key::response_session(&id), sel.index);
@@ -150,6 +154,16 @@ async fn relay_answer(
         Pumped::ClientGone => {
             // Dropping `up` closes the backend connection, which cancels the generation.
             super::client_left(state, down, ctx);
+        }
+        Pumped::Closing => {
+            // Dropping `up` cancels the generation; the client learns why.
+            if sse {
+                let msg = "warmpath is shutting down: the stream was cut; retry the request";
+                let _ = end_stream(down, route, &tail, msg, StreamEnd::Shutdown).await;
+            } else {
+                down.close_after();
+                ctx.truncated = true;
+            }
         }
         Pumped::UpstreamCut(kind) => {
             attempt::note_failure(state, pool, backend, "stream_cut");

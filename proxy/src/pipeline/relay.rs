@@ -23,6 +23,8 @@ pub enum Pumped {
     ClientGone,
     /// The backend's body broke off.
     UpstreamCut(FailKind),
+    /// warmpath's grace period ran out (SIGTERM) before the end.
+    Closing,
 }
 
 /// The last `KEEP` bytes of what went by. Pushing appends, and the front is dropped only once
@@ -234,6 +236,7 @@ pub async fn pump(
     (prefill, watch): (&PrefillTicket, &mut PrefillWatch),
     tail: &mut Tail,
     observe: &mut (dyn FnMut(&[u8]) + Send),
+    closing: &mut tokio::sync::watch::Receiver<bool>,
 ) -> Pumped {
     loop {
         if up.response_done() {
@@ -245,6 +248,7 @@ pub async fn pump(
             biased;
             r = up.read_response_body() => r,
             _ = down.gone() => return Pumped::ClientGone,
+            _ = closing.wait_for(|c| *c) => return Pumped::Closing,
         };
         match chunk {
             Ok(Some(bytes)) => {
@@ -267,16 +271,38 @@ pub async fn pump(
     }
 }
 
-/// Ends an SSE stream whose backend failed: a terminal error event the OpenAI SDKs raise as an
-/// `APIError`, then `data: [DONE]` on routes that use it, then the end of the body.
+/// What ends a stream early: its backend failed, or warmpath is shutting down.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum StreamEnd {
+    Upstream,
+    Shutdown,
+}
+
+/// Ends an SSE stream early: a terminal error event the OpenAI SDKs raise as an `APIError`
+/// (`upstream_stream_error` 502, or `server_shutting_down` 503), then `data: [DONE]` on routes
+/// that use it, then the end of the body.
 pub async fn end_stream_with_error(
     down: &mut dyn Downstream,
     route: LlmRoute,
     tail: &Tail,
     message: &str,
 ) -> pingora::Result<()> {
-    let mut err = ApiError::internal(message.to_owned()).with_code("upstream_stream_error");
-    err.status = 502;
+    end_stream(down, route, tail, message, StreamEnd::Upstream).await
+}
+
+pub async fn end_stream(
+    down: &mut dyn Downstream,
+    route: LlmRoute,
+    tail: &Tail,
+    message: &str,
+    why: StreamEnd,
+) -> pingora::Result<()> {
+    let (code, status) = match why {
+        StreamEnd::Upstream => ("upstream_stream_error", 502),
+        StreamEnd::Shutdown => ("server_shutting_down", 503),
+    };
+    let mut err = ApiError::internal(message.to_owned()).with_code(code);
+    err.status = status;
     let mut out = String::new();
     if !tail.at_event_boundary() {
         out.push_str("\n\n");
@@ -285,7 +311,7 @@ pub async fn end_stream_with_error(
         // Responses streams carry typed events; the SDK reads `type: error`.
         LlmRoute::Responses => serde_json::json!({
             "type": "error",
-            "code": "upstream_stream_error",
+            "code": code,
             "message": message,
             "param": null,
             "error": err.body.error,

@@ -6,6 +6,7 @@ use std::time::Instant;
 
 use super::Pool;
 use crate::cache::Recording;
+use crate::observe::Active;
 
 #[derive(Debug)]
 pub struct RequestCtx {
@@ -26,6 +27,8 @@ pub struct RequestCtx {
     pub key: Option<Arc<str>>,
     /// The answer's `usage`: prompt and completion tokens, where it said.
     pub usage: Option<(u64, u64)>,
+    /// Counts the request as being served (a drain waits for none).
+    _active: Active,
 }
 
 impl RequestCtx {
@@ -41,6 +44,7 @@ impl RequestCtx {
             recording: None,
             key: None,
             usage: None,
+            _active: Active::start(),
         }
     }
 }

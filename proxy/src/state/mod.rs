@@ -14,7 +14,7 @@ pub use pools::{Pool, Pools};
 use crate::auth::Auth;
 use crate::config::Config;
 use crate::limits::Connections;
-use crate::observe::Metrics;
+use crate::observe::{Lifecycle, Metrics};
 use crate::route::Fleet;
 use crate::session::Store;
 use crate::upstream::Upstream;
@@ -33,4 +33,6 @@ pub struct AppState {
     pub ws: Connections,
     /// API keys and their limits.
     pub auth: Arc<Auth>,
+    /// Serving, draining or closing.
+    pub lifecycle: Arc<Lifecycle>,
 }

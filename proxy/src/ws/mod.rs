@@ -54,17 +54,6 @@ pub fn accept_key(key: &str) -> String {
     base64::engine::general_purpose::STANDARD.encode(h.digest().bytes())
 }
 
-/// Tells the connections when pingora starts its graceful shutdown (SIGTERM).
-pub struct DrainOnShutdown(pub Arc<AppState>);
-
-#[async_trait]
-impl pingora::services::background::BackgroundService for DrainOnShutdown {
-    async fn start(&self, mut shutdown: pingora::server::ShutdownWatch) {
-        let _ = shutdown.changed().await;
-        self.0.ws.drain();
-    }
-}
-
 fn handshake_error(req: &RequestHeader) -> Option<(ApiError, Option<(&'static str, String)>)> {
     let header = |n: &str| req.headers.get(n).and_then(|v| v.to_str().ok());
     if req.version != http::Version::HTTP_11 {
