@@ -22,6 +22,10 @@ pub struct Cli {
     /// Overrides `[server] admin`.
     #[arg(long)]
     pub admin: Option<SocketAddr>,
+    /// Take the listening sockets over from the warmpath running on the same listen address,
+    /// which then drains: a restart (a new binary, a new policy) without a refused connection.
+    #[arg(long)]
+    pub upgrade: bool,
     #[command(subcommand)]
     pub command: Option<Command>,
 }
@@ -215,7 +219,7 @@ pub fn main() -> ExitCode {
                 eprintln!("--listen and --admin must differ ({})", server.listen);
                 return ExitCode::FAILURE;
             }
-            match crate::server::run(policy) {
+            match crate::server::run(policy, cli.upgrade) {
                 Ok(()) => ExitCode::SUCCESS,
                 Err(e) => {
                     eprintln!("warmpath: {e:#}");

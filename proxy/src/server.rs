@@ -29,6 +29,7 @@ use crate::route::load::LoadScraper;
 use crate::route::{self, BackendSpec, Fleet, PromptUnits};
 use crate::safety::{Safety, Services};
 use crate::shared::Shared;
+use crate::shutdown::Handover;
 use crate::state::{self, AppState, Pools};
 use crate::tls::{ReloadingCert, WatchCerts};
 use crate::upstream::Upstream;
@@ -250,15 +251,23 @@ fn replica_spec(pool: &str, r: usize, rep: &Replica) -> BackendSpec {
 }
 
 /// Starts everything and serves until SIGTERM (graceful) or SIGINT (fast). Never returns on
-/// success.
-pub fn run(policy: Policy) -> anyhow::Result<()> {
+/// success. `upgrade`: take the listening sockets over from the warmpath running on the same
+/// listen address (a restart without a refused connection).
+pub fn run(policy: Policy, upgrade: bool) -> anyhow::Result<()> {
     let cfg = policy.cfg.clone();
     init_logging(&cfg);
-    // pingora binds inside its service threads and only panics there when it cannot, leaving
-    // the process up without a listener; check first so a taken port is a clear error.
-    for (what, addr) in [("listen", cfg.server.listen), ("admin", cfg.server.admin)] {
-        std::net::TcpListener::bind(addr)
-            .with_context(|| format!("cannot bind the {what} address {addr}"))?;
+    let handover = Handover::for_port(cfg.server.listen.port());
+    if upgrade {
+        let old = handover.take_over().map_err(anyhow::Error::msg)?;
+        tracing::info!(old_pid = old, sock = %handover.upgrade_sock, "taking the listening sockets over");
+    } else {
+        // pingora binds inside its service threads and only panics there when it cannot,
+        // leaving the process up without a listener; check first so a taken port is a clear
+        // error.
+        for (what, addr) in [("listen", cfg.server.listen), ("admin", cfg.server.admin)] {
+            std::net::TcpListener::bind(addr)
+                .with_context(|| format!("cannot bind the {what} address {addr}"))?;
+        }
     }
     let embedded = crate::embedded::start(&cfg)?;
     for (pi, addrs) in &embedded.addrs {
@@ -285,13 +294,15 @@ pub fn run(policy: Policy) -> anyhow::Result<()> {
         // plain sleep, then every task dropped) must not cut in before it.
         grace_period_seconds: Some(cfg.server.grace_period_secs + 5),
         graceful_shutdown_timeout_seconds: Some(5),
-        // Each warmpath process gets its own files, so two can run side by side.
-        pid_file: format!("/tmp/warmpath-{}.pid", std::process::id()),
-        upgrade_sock: format!("/tmp/warmpath-upgrade-{}.sock", std::process::id()),
+        pid_file: handover.pid_file.clone(),
+        upgrade_sock: handover.upgrade_sock.clone(),
         ..ServerConf::default()
     };
-    let mut server = Server::new_with_opt_and_conf(None, conf);
+    let opt = pingora::server::configuration::Opt { upgrade, ..Default::default() };
+    let mut server = Server::new_with_opt_and_conf(Some(opt), conf);
+    // With `upgrade`, this waits for the running warmpath's sockets.
     server.bootstrap();
+    handover.claim().with_context(|| format!("cannot write {}", handover.pid_file))?;
 
     // The fleet's Redis, where the policy names one (dialled on first use).
     let redis = match cfg.redis.configured() {
@@ -322,7 +333,7 @@ pub fn run(policy: Policy) -> anyhow::Result<()> {
         crate::shutdown::Drain {
             state: state.clone(),
             grace: Duration::from_secs(cfg.server.grace_period_secs),
-            pid_file: server.configuration.pid_file.clone(),
+            handover: handover.clone(),
         },
     );
     let lifecycle = state.lifecycle.clone();

@@ -143,3 +143,47 @@ fn an_idle_kept_alive_connection_is_closed() {
     assert_eq!(n, 0, "{}", String::from_utf8_lossy(&buf[..n]));
     assert!(t.elapsed() < Duration::from_secs(5), "closed after {:?}", t.elapsed());
 }
+
+#[test]
+fn a_successor_takes_the_sockets_over_without_a_failed_request() {
+    let e = Engine::sim("m", &["--sim-itl-ms", "2"]);
+    let mut old = Proxy::start(&policy("", "", &["m"], &[("e0", e.url())]));
+    let addr = old.addr;
+    // A client sending one request after another, a new connection each, the whole time.
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let client = {
+        let stop = stop.clone();
+        std::thread::spawn(move || {
+            let mut statuses = Vec::new();
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                statuses.push(post_json(addr, "/v1/chat/completions", &chat("m", "hi", 4)).status);
+            }
+            statuses
+        })
+    };
+    std::thread::sleep(Duration::from_millis(300));
+    let mut new = old.successor();
+    let status = exited(&mut old.child, Duration::from_secs(20));
+    assert!(
+        status.is_some_and(|s| s.success()),
+        "the old process drains and exits: {status:?}\n{}",
+        old.log.text()
+    );
+    std::thread::sleep(Duration::from_millis(500));
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let statuses = client.join().expect("client");
+    let failed: Vec<&u16> = statuses.iter().filter(|s| **s != 200).collect();
+    assert!(
+        failed.is_empty(),
+        "{} of {} failed: {failed:?}\n{}",
+        failed.len(),
+        statuses.len(),
+        new.log.text()
+    );
+    assert!(statuses.len() > 20, "{} requests", statuses.len());
+    // The successor serves, and holds the pid file now.
+    assert_eq!(get(addr, "/health").status, 200);
+    let pid_file = std::env::temp_dir().join(format!("warmpath-{}.pid", addr.port()));
+    assert_eq!(std::fs::read_to_string(pid_file).expect("pid file").trim(), new.child.id().to_string());
+    assert!(exited(&mut new.child, Duration::from_millis(10)).is_none(), "the successor runs");
+}

@@ -171,6 +171,8 @@ pub struct Proxy {
     pub admin: SocketAddr,
     pub child: Child,
     pub log: Log,
+    /// The policy file it serves.
+    pub policy_file: PathBuf,
     _dir: TempDir,
 }
 
@@ -184,19 +186,7 @@ impl Proxy {
         let [port, admin_port] = free_ports();
         let addr: SocketAddr = format!("127.0.0.1:{port}").parse().expect("addr");
         let admin: SocketAddr = format!("127.0.0.1:{admin_port}").parse().expect("addr");
-        let mut child = Command::new(bin("warmpath", "warmpath"))
-            .arg("--config")
-            .arg(&file)
-            .args(["--listen", &addr.to_string(), "--admin", &admin.to_string()])
-            .env("RUST_LOG", "warn,warmpath=info")
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .expect("warmpath spawns");
-        let log = Log::default();
-        log.drain(child.stdout.take().expect("stdout"));
-        log.drain(child.stderr.take().expect("stderr"));
-        let proxy = Proxy { addr, admin, child, log, _dir: dir };
+        let proxy = Proxy::spawn(file, addr, admin, &[], dir);
         let path = if ready { "/readyz" } else { "/healthz" };
         let up = eventually(Duration::from_secs(30), || {
             TcpStream::connect(admin).is_ok()
@@ -209,6 +199,32 @@ impl Proxy {
 
     pub fn start(policy: &str) -> Proxy {
         Proxy::start_with(policy, true)
+    }
+
+    fn spawn(file: PathBuf, addr: SocketAddr, admin: SocketAddr, extra: &[&str], dir: TempDir) -> Proxy {
+        let mut child = Command::new(bin("warmpath", "warmpath"))
+            .arg("--config")
+            .arg(&file)
+            .args(["--listen", &addr.to_string(), "--admin", &admin.to_string()])
+            .args(extra)
+            .env("RUST_LOG", "warn,warmpath=info")
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("warmpath spawns");
+        let log = Log::default();
+        log.drain(child.stdout.take().expect("stdout"));
+        log.drain(child.stderr.take().expect("stderr"));
+        Proxy { addr, admin, child, log, policy_file: file, _dir: dir }
+    }
+
+    /// A second warmpath on the same addresses and policy, started with `--upgrade`: it takes
+    /// this one's listening sockets over, and this one drains.
+    pub fn successor(&self) -> Proxy {
+        let dir = TempDir::new();
+        let file = dir.path().join("policy.toml");
+        std::fs::copy(&self.policy_file, &file).expect("copy policy");
+        Proxy::spawn(file, self.addr, self.admin, &["--upgrade"], dir)
     }
 
     pub fn metrics(&self) -> String {
