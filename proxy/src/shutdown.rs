@@ -63,6 +63,11 @@ impl Handover {
             .ok()
             .and_then(|p| p.trim().parse::<u32>().ok())
             .ok_or_else(|| format!("--upgrade: no running warmpath found ({} is missing)", self.pid_file))?;
+        // A pid file left by a process killed outright may name another program by now.
+        let comm = std::fs::read_to_string(format!("/proc/{pid}/comm")).unwrap_or_default();
+        if comm.trim() != "warmpath" {
+            return Err(format!("--upgrade: pid {pid} in {} is not a running warmpath", self.pid_file));
+        }
         std::thread::spawn(move || {
             std::thread::sleep(Duration::from_millis(300));
             let sent = std::process::Command::new("kill").args(["-QUIT", &pid.to_string()]).status();
