@@ -275,9 +275,10 @@ fn client_disconnect_cancels_the_engine_request() {
 }
 
 #[test]
-fn a_full_backend_answers_429() {
+fn a_full_backend_answers_429_at_once_without_a_queue() {
     let e = Engine::sim("m", &["--sim-itl-ms", "50"]);
-    let proxy = Proxy::start(&policy("", "max_inflight_per_backend = 1", &["m"], &[("e", e.url())]));
+    let pool = "max_inflight_per_backend = 1\nqueue_timeout_ms = 0";
+    let proxy = Proxy::start(&policy("", pool, &["m"], &[("e", e.url())]));
     let (s, head) = open_stream(proxy.addr, "m", 200);
     assert!(head.starts_with("http/1.1 200"), "{head}");
     let r = post_json(proxy.addr, "/v1/chat/completions", &chat("m", "hi", 1));

@@ -19,6 +19,8 @@ pub struct Key {
     pub pools: Option<Vec<String>>,
     /// Its group (`tenants = "group"` pools share the prefix cache within it).
     pub group: Option<String>,
+    /// Its requests' place in a full pool's queue.
+    pub priority: i64,
     pub limits: KeyLimits,
 }
 
@@ -95,6 +97,7 @@ impl KeyTable {
                 models: k.models.clone(),
                 pools: k.pools.clone(),
                 group: k.group.clone(),
+                priority: k.priority.unwrap_or(0),
                 limits: k.limits().or(default),
             });
             if t.by_hash.insert(hash, key.clone()).is_some() {
@@ -136,6 +139,7 @@ pub fn new_entry(name: &str, models: Option<Vec<String>>) -> Result<(String, Key
         models,
         pools: None,
         group: None,
+        priority: None,
         requests_per_minute: None,
         tokens_per_minute: None,
         max_concurrent: None,

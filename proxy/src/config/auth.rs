@@ -113,6 +113,9 @@ pub struct KeyEntry {
     /// Keys of one group share the backends' prefix cache in pools with `tenants = "group"`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub group: Option<String>,
+    /// Its requests' place in a full pool's queue (higher first; default 0).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub priority: Option<i64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub requests_per_minute: Option<u64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]

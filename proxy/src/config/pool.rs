@@ -17,6 +17,13 @@ pub struct PoolConfig {
     /// backend is full the client gets 429.
     #[serde(default = "default_max_inflight")]
     pub max_inflight_per_backend: usize,
+    /// When every backend is full, a request waits this long for a slot before its 429
+    /// (0: no queue).
+    #[serde(default = "default_queue_timeout")]
+    pub queue_timeout_ms: u64,
+    /// Requests waiting at most; one more gets its 429 at once.
+    #[serde(default = "default_max_queued")]
+    pub max_queued: usize,
     /// How `/v1/responses` (HTTP and WebSocket) reaches the backends.
     #[serde(default)]
     pub responses: ResponsesMode,
@@ -51,6 +58,14 @@ pub struct PoolConfig {
     /// Start bundled engine replicas instead of naming backends.
     #[serde(default)]
     pub embedded: Option<EmbeddedConfig>,
+}
+
+fn default_queue_timeout() -> u64 {
+    5_000
+}
+
+fn default_max_queued() -> usize {
+    1024
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]

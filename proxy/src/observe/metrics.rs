@@ -140,6 +140,12 @@ pub struct Metrics {
     /// `limit` (`requests`, `websockets`): admissions decided by this replica's own counts
     /// because the fleet's (`limits_store = "redis"`) could not be reached.
     pub limits_fail_open: IntCounterVec,
+    /// `pool`: requests waiting for a backend slot.
+    pub queue_depth: IntGaugeVec,
+    /// `pool`: how long queued requests waited (served or not).
+    pub queue_wait: HistogramVec,
+    /// `pool`, `reason` (`full`, `timeout`): queued requests refused.
+    pub queue_rejected: IntCounterVec,
 }
 
 impl Metrics {
@@ -467,6 +473,21 @@ impl Metrics {
                 "warmpath_redis_errors_total",
                 "Redis calls that failed (an error, or no answer within [redis] timeout_ms), by what they were for: sessions, keys, limits.",
                 &["use"],
+            ),
+            queue_depth: gauge(
+                "warmpath_queue_depth",
+                "Requests waiting for a backend slot (every backend of the pool at max_inflight_per_backend).",
+                &["pool"],
+            ),
+            queue_wait: histogram(
+                "warmpath_queue_wait_seconds",
+                "How long requests waited in a pool's queue for a backend slot.",
+                &["pool"],
+            ),
+            queue_rejected: counter(
+                "warmpath_queue_rejected_total",
+                "Requests refused by a pool's queue: full (max_queued) or timeout (queue_timeout_ms).",
+                &["pool", "reason"],
             ),
             limits_fail_open: counter(
                 "warmpath_limits_fail_open_total",

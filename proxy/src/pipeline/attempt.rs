@@ -182,7 +182,7 @@ impl<'a> Retries<'a> {
     /// The next backend to try, its slot reserved: `Ok(None)` when attempts or the retry budget
     /// are used up (or no untried backend is left after a failure), `Err` when not even the
     /// first attempt finds a backend.
-    pub fn next(&mut self, key: &RouteKey) -> Result<Option<Selected>, NoBackend> {
+    pub async fn next(&mut self, key: &RouteKey, priority: i64) -> Result<Option<Selected>, NoBackend> {
         let m = &self.state.metrics;
         if self.attempt >= self.state.cfg.retry.max_attempts {
             return Ok(None);
@@ -194,7 +194,13 @@ impl<'a> Retries<'a> {
             }
             m.retries.with_label_values(&[&self.pool.name, prev.label()]).inc();
         }
-        match self.pool.select(key, &self.tried, m) {
+        // The first attempt waits in the pool's queue while every backend is full; a retry
+        // takes what is free or gives up.
+        let picked = match self.last {
+            None => self.pool.acquire(key, m, priority).await,
+            Some(_) => self.pool.select(key, &self.tried, m),
+        };
+        match picked {
             Ok(sel) => {
                 self.attempt += 1;
                 self.tried.push(sel.index);
@@ -253,7 +259,7 @@ pub(super) async fn exhausted(
 /// `ApiError` for a pool none of whose backends could be picked for the first attempt.
 pub(super) fn no_backend(why: NoBackend, pool: &str) -> (ApiError, &'static str) {
     match why {
-        NoBackend::Saturated => (respond::overloaded(pool), "overloaded"),
+        NoBackend::Saturated | NoBackend::QueueFull => (respond::overloaded(pool), "overloaded"),
         NoBackend::Unavailable => (respond::no_backend(pool), "no_backend"),
     }
 }

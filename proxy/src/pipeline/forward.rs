@@ -31,7 +31,7 @@ pub(super) async fn forward(
     let (state, pool) = (out.state, &*out.pool.route);
     let mut retries = Retries::new(state, pool);
     loop {
-        let sel = match retries.next(key) {
+        let sel = match retries.next(key, out.priority).await {
             Ok(Some(sel)) => sel,
             Ok(None) => break,
             Err(why) => {

@@ -271,8 +271,19 @@ async fn stages(
         prefix: prefix.as_deref(),
         cache,
         counts_usage: head.key.is_some(),
+        priority: priority(state, head),
     };
     forward::forward(&out, down, ctx, &key).await
+}
+
+/// A request's place in a full pool's queue: its `x-warmpath-priority`, at most its API key's
+/// `priority` (a client cannot raise itself above what its key was given).
+fn priority(state: &AppState, head: &Head) -> i64 {
+    let key = head.key.as_deref().and_then(|k| state.auth.key(k)).map(|k| k.priority);
+    match (head.priority, key) {
+        (Some(asked), Some(given)) => asked.min(given),
+        (asked, given) => asked.or(given).unwrap_or(0),
+    }
 }
 
 /// The client left (its connection broke or it stopped waiting): counted, unless warmpath
@@ -300,6 +311,8 @@ struct Outgoing<'a> {
     pub cache: Option<&'static str>,
     /// The caller has token limits: the answer's usage is read to settle them.
     pub counts_usage: bool,
+    /// Its place in a full pool's queue.
+    pub priority: i64,
 }
 
 /// The canonical body and prefix blocks, where the pool rewrites or its policy reads blocks;

@@ -48,6 +48,9 @@ pub struct Head {
     /// The conversation's texts, where the caller knows which are new (a Responses turn): the
     /// input checks read these instead of the body.
     pub texts: Option<Arc<TurnTexts>>,
+    /// `x-warmpath-priority`: its place in a full pool's queue (higher first; with API keys,
+    /// at most the key's own).
+    pub priority: Option<i64>,
 }
 
 impl Head {
@@ -60,6 +63,9 @@ impl Head {
             authorization: header(header::AUTHORIZATION.as_str()).map(<[u8]>::to_vec),
             key: None,
             texts: None,
+            priority: header("x-warmpath-priority")
+                .and_then(|v| std::str::from_utf8(v).ok())
+                .and_then(|v| v.trim().parse().ok()),
         }
     }
 
@@ -90,6 +96,7 @@ impl Head {
             authorization: self.authorization.clone(),
             key: self.key.clone(),
             texts: self.texts.clone(),
+            priority: self.priority,
         }
     }
 

@@ -61,6 +61,8 @@ pub struct Backend {
     health: Mutex<Health>,
     inflight_gauge: IntGauge,
     up_gauge: IntGauge,
+    /// The pool's queue, told when a slot here is freed.
+    pub queue: Option<Arc<super::queue::Queue>>,
 }
 
 impl Backend {
@@ -87,6 +89,7 @@ impl Backend {
             health: Mutex::new(Health::default()),
             inflight_gauge,
             up_gauge,
+            queue: None,
         }
     }
 
@@ -240,6 +243,9 @@ impl Drop for InflightGuard {
         self.backend.inflight.fetch_sub(1, Ordering::AcqRel);
         self.backend.inflight_gauge.dec();
         self.total.dec();
+        if let Some(q) = &self.backend.queue {
+            q.slot_freed();
+        }
     }
 }
 

@@ -1,5 +1,6 @@
 //! Backend pools and the choice of a backend for each request: the pool's [`Policy`] over a
-//! snapshot of its backends' health and load, then an in-flight slot.
+//! snapshot of its backends' health and load, then an in-flight slot — waited for in the
+//! pool's [`queue`] while every backend is full.
 //! Health (active probes, passive ejection) lives in [`backend`] and [`health`].
 
 pub mod backend;
@@ -10,6 +11,7 @@ pub mod index;
 pub mod key;
 pub mod load;
 pub mod policy;
+pub mod queue;
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -17,6 +19,7 @@ use std::time::{Duration, Instant};
 pub use backend::{Backend, Ejection, InflightGuard, PrefillTicket};
 pub use budget::RetryBudget;
 pub use policy::{Candidate, Decision, Policy, RouteKey, State};
+use queue::{Queue, QueueMetrics};
 
 use crate::config::{BackendConfig, BackendUrl, CacheAwareConfig, Config, PolicyKind, PoolConfig};
 use crate::observe::Metrics;
@@ -35,6 +38,8 @@ pub struct Pool {
     pub cache_cfg: CacheAwareConfig,
     pub backends: Vec<Arc<Backend>>,
     pub max_inflight: usize,
+    /// Requests waiting while every backend is at `max_inflight`.
+    pub queue: Arc<Queue>,
     /// Leading prefix blocks in the `prefix_hash` key.
     pub prefix_blocks: usize,
     /// What a unit of the pool's prompts is (how canonicalization cuts them into blocks).
@@ -85,8 +90,11 @@ impl From<&BackendConfig> for BackendSpec {
 pub enum NoBackend {
     /// None is up (or every one that is up was tried already).
     Unavailable,
-    /// Backends are up but all at their in-flight cap.
+    /// Backends are up but all at their in-flight cap (after waiting in the queue, where the
+    /// pool has one).
     Saturated,
+    /// The queue was full.
+    QueueFull,
 }
 
 /// A picked backend with its reserved in-flight slot.
@@ -108,6 +116,45 @@ impl Selected {
 }
 
 impl Pool {
+    /// Picks a backend and reserves a slot on it, waiting in the pool's queue (in order, by
+    /// `priority`) while every backend is full.
+    pub async fn acquire(
+        &self,
+        key: &RouteKey,
+        metrics: &Metrics,
+        priority: i64,
+    ) -> Result<Selected, NoBackend> {
+        if self.queue.may_pass(priority) {
+            match self.select(key, &[], metrics) {
+                Err(NoBackend::Saturated) => {}
+                done => return done,
+            }
+        }
+        if !self.queue.enabled() {
+            return Err(NoBackend::Saturated);
+        }
+        let place = self.queue.enter(priority).map_err(|_| NoBackend::QueueFull)?;
+        let deadline = Instant::now() + self.queue.timeout;
+        loop {
+            if place.is_head() {
+                match self.select(key, &[], metrics) {
+                    Ok(sel) => {
+                        place.served();
+                        return Ok(sel);
+                    }
+                    Err(NoBackend::Saturated) => {}
+                    Err(e) => return Err(e),
+                }
+            }
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                place.timed_out();
+                return Err(NoBackend::Saturated);
+            }
+            place.wait(left).await;
+        }
+    }
+
     /// Picks a backend not in `tried` and reserves a slot on it.
     pub fn select(&self, key: &RouteKey, tried: &[usize], metrics: &Metrics) -> Result<Selected, NoBackend> {
         let now = Instant::now();
@@ -201,6 +248,16 @@ impl Pool {
         metrics: &Metrics,
         units: PromptUnits,
     ) -> Result<Pool, String> {
+        let queue = Arc::new(Queue::new(
+            pc.max_queued,
+            Duration::from_millis(pc.queue_timeout_ms),
+            QueueMetrics {
+                depth: metrics.queue_depth.with_label_values(&[&pc.name]),
+                wait: metrics.queue_wait.with_label_values(&[&pc.name]),
+                timed_out: metrics.queue_rejected.with_label_values(&[&pc.name, "timeout"]),
+                full: metrics.queue_rejected.with_label_values(&[&pc.name, "full"]),
+            },
+        ));
         let mut built = Vec::with_capacity(backends.len());
         for spec in backends {
             let mut peer = Peer::new(spec.url.clone(), &cfg.upstream)?;
@@ -216,6 +273,7 @@ impl Pool {
             );
             b.kv_events = spec.kv_events.clone();
             b.kv_replay = spec.kv_replay.clone();
+            b.queue = Some(queue.clone());
             built.push(Arc::new(b));
         }
         let names: Vec<&str> = built.iter().map(|b| b.name.as_str()).collect();
@@ -248,6 +306,7 @@ impl Pool {
             cache_cfg: pc.cache_aware.clone(),
             backends: built,
             max_inflight: pc.max_inflight_per_backend,
+            queue,
             prefix_blocks: pc.prefix_hash.prefix_blocks,
             units,
             budget: RetryBudget::new(cfg.retry.budget_ratio.0, cfg.retry.min_retries_per_sec),

@@ -1,0 +1,104 @@
+//! A pool whose every backend is full: requests wait in its queue for the first free slot —
+//! in arrival order, higher priorities first — and get 429 with `retry-after` when the queue
+//! is full or they waited `queue_timeout_ms` in vain.
+
+use std::net::SocketAddr;
+use std::time::{Duration, Instant};
+
+use warmpath_tests::*;
+
+/// A chat request for one token with `x-warmpath-priority` where given: its status and when it
+/// was answered.
+fn ask(addr: SocketAddr, priority: Option<&str>) -> (u16, Instant) {
+    let body = chat("m", "hi", 1).to_string();
+    let mut headers = vec![("content-type", "application/json")];
+    if let Some(p) = priority {
+        headers.push(("x-warmpath-priority", p));
+    }
+    let r = request(addr, "POST", "/v1/chat/completions", &headers, body.as_bytes());
+    (r.status, Instant::now())
+}
+
+fn one_slot(queue: &str) -> (Engine, Proxy) {
+    let e = Engine::sim("m", &["--sim-itl-ms", "20"]);
+    let pool = format!("max_inflight_per_backend = 1\n{queue}");
+    let proxy = Proxy::start(&policy("", &pool, &["m"], &[("e", e.url())]));
+    (e, proxy)
+}
+
+#[test]
+fn a_request_waits_for_the_slot_instead_of_a_429() {
+    let (_e, proxy) = one_slot("queue_timeout_ms = 10000");
+    // The only slot is held by a stream of about a second.
+    let (s, head) = open_stream(proxy.addr, "m", 50);
+    assert!(head.starts_with("http/1.1 200"), "{head}");
+    let addr = proxy.addr;
+    let waiting = std::thread::spawn(move || ask(addr, None));
+    assert!(eventually(Duration::from_secs(5), || metric(
+        &proxy.metrics(),
+        r#"warmpath_queue_depth{pool="main"}"#
+    ) == Some(1.0)));
+    let (status, _) = waiting.join().expect("client");
+    assert_eq!(status, 200, "served once the stream ended");
+    drop(s);
+    let m = proxy.metrics();
+    assert_eq!(metric(&m, r#"warmpath_queue_wait_seconds_count{pool="main"}"#), Some(1.0), "{m}");
+    assert_eq!(metric(&m, r#"warmpath_queue_depth{pool="main"}"#), Some(0.0), "{m}");
+}
+
+#[test]
+fn a_full_queue_and_a_wait_past_the_timeout_get_429() {
+    let (_e, proxy) = one_slot("queue_timeout_ms = 1000\nmax_queued = 1");
+    // 400 tokens at 20 ms: the slot stays taken for 8 s.
+    let (_s, head) = open_stream(proxy.addr, "m", 400);
+    assert!(head.starts_with("http/1.1 200"), "{head}");
+    let addr = proxy.addr;
+    let queued = std::thread::spawn(move || ask(addr, None));
+    assert!(eventually(Duration::from_secs(5), || metric(
+        &proxy.metrics(),
+        r#"warmpath_queue_depth{pool="main"}"#
+    ) == Some(1.0)));
+    // The queue holds one: the next is refused at once.
+    let r = post_json(proxy.addr, "/v1/chat/completions", &chat("m", "hi", 1));
+    assert_eq!(
+        (r.status, r.json()["error"]["code"].as_str()),
+        (429, Some("backends_saturated")),
+        "{}",
+        r.text()
+    );
+    assert_eq!(r.header("retry-after"), Some("1"));
+    // The queued one waits its second, then gets the same 429.
+    assert_eq!(queued.join().expect("client").0, 429);
+    let m = proxy.metrics();
+    assert_eq!(metric(&m, r#"warmpath_queue_rejected_total{pool="main",reason="full"}"#), Some(1.0), "{m}");
+    assert_eq!(
+        metric(&m, r#"warmpath_queue_rejected_total{pool="main",reason="timeout"}"#),
+        Some(1.0),
+        "{m}"
+    );
+}
+
+#[test]
+fn a_higher_priority_goes_first_and_equal_ones_keep_their_order() {
+    let (_e, proxy) = one_slot("queue_timeout_ms = 20000");
+    let (s, head) = open_stream(proxy.addr, "m", 400);
+    assert!(head.starts_with("http/1.1 200"), "{head}");
+    let depth = |n: f64| {
+        eventually(Duration::from_secs(5), || {
+            metric(&proxy.metrics(), r#"warmpath_queue_depth{pool="main"}"#) == Some(n)
+        })
+    };
+    let addr = proxy.addr;
+    let first = std::thread::spawn(move || ask(addr, None));
+    assert!(depth(1.0));
+    let second = std::thread::spawn(move || ask(addr, None));
+    assert!(depth(2.0));
+    let urgent = std::thread::spawn(move || ask(addr, Some("5")));
+    assert!(depth(3.0));
+    // The slot is freed: the three are served one at a time, the urgent one first.
+    drop(s);
+    let (first, second, urgent) =
+        (first.join().expect("first"), second.join().expect("second"), urgent.join().expect("urgent"));
+    assert_eq!((first.0, second.0, urgent.0), (200, 200, 200));
+    assert!(urgent.1 < first.1 && first.1 < second.1, "served out of order");
+}
