@@ -16,11 +16,12 @@ LAYERS = [
     ["limits", "upstream", "tls", "shared"],   # connection-level limits and TLS, connections to backends and to Redis
     ["tools", "safety"],                       # deferred tool discovery, safety checks (pure)
     ["canon", "cache", "session", "route", "embedded", "auth"],  # the stages, each owning its state
-    ["state"],                                 # shared state, pools with every stage's part, request context
+    ["state", "policy"],                       # shared state, pools with every stage's part, request context; the policy file loaded
     ["pipeline"],                              # one LLM request through the stages, in order
     ["responses"],                             # a Responses turn over the pipeline
     ["http", "ws"],                            # entry points, siblings
-    ["entry", "shutdown"],                     # pingora's ProxyHttp: which entry point a request goes to; the drain
+    ["entry", "shutdown", "build"],            # pingora's ProxyHttp: which entry point a request goes to; the drain; the state built from a policy
+    ["reload"],                                # policy reloads: a new state swapped in
     ["server"],                                # assembly: everything built from the policy file
     ["cli", "main", "lib"],                    # the command line
 ]

@@ -7,7 +7,7 @@ use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
 
-use crate::server::Policy;
+use crate::policy::Policy;
 
 /// warmpath: a cache-aware sidecar proxy for OpenAI-compatible LLM servers.
 #[derive(Debug, Parser)]
@@ -26,6 +26,9 @@ pub struct Cli {
     /// which then drains: a restart (a new binary, a new policy) without a refused connection.
     #[arg(long)]
     pub upgrade: bool,
+    /// Reload the policy file when it changes (SIGHUP and the admin `POST /reload` always do).
+    #[arg(long)]
+    pub watch: bool,
     #[command(subcommand)]
     pub command: Option<Command>,
 }
@@ -208,18 +211,20 @@ pub fn main() -> ExitCode {
                     return ExitCode::FAILURE;
                 }
             };
-            let server = &mut policy.cfg.server;
-            if let Some(a) = cli.listen {
-                server.listen = a;
-            }
-            if let Some(a) = cli.admin {
-                server.admin = a;
-            }
+            let opts = crate::policy::RunOptions {
+                file: cli.config.clone(),
+                upgrade: cli.upgrade,
+                watch: cli.watch,
+                listen: cli.listen,
+                admin: cli.admin,
+            };
+            opts.apply(&mut policy.cfg);
+            let server = &policy.cfg.server;
             if server.listen == server.admin {
                 eprintln!("--listen and --admin must differ ({})", server.listen);
                 return ExitCode::FAILURE;
             }
-            match crate::server::run(policy, cli.upgrade) {
+            match crate::server::run(policy, opts) {
                 Ok(()) => ExitCode::SUCCESS,
                 Err(e) => {
                     eprintln!("warmpath: {e:#}");

@@ -19,10 +19,11 @@ use crate::limits::framing;
 use crate::pipeline::cached::finish_recording;
 use crate::pipeline::respond::send_error;
 use crate::request::LlmRoute;
-use crate::state::{AppState, RequestCtx};
+use crate::state::{Live, RequestCtx};
 
 pub struct WarmpathProxy {
-    pub state: Arc<AppState>,
+    /// The state new requests get (a policy reload swaps it).
+    pub live: Arc<Live>,
 }
 
 /// Which entry point answers a request.
@@ -63,12 +64,17 @@ impl ProxyHttp for WarmpathProxy {
     }
 
     async fn early_request_filter(&self, session: &mut Session, _ctx: &mut RequestCtx) -> Result<()> {
-        if self.state.cfg.limits.client_half_close == HalfClose::Answer {
+        let state = self.live.load();
+        if state.cfg.limits.client_half_close == HalfClose::Answer {
             session.set_abort_on_close(false);
         }
         crate::limits::headers_done(session);
-        // A kept-alive connection waits this long for its next request, then closes.
-        session.set_keepalive(Some(self.state.cfg.limits.keepalive_idle_s));
+        // A kept-alive connection waits this long for its next request, then closes (one that
+        // is not kept alive — `Connection: close`, a request whose framing was in doubt —
+        // stays closed).
+        if session.get_keepalive().is_some() {
+            session.set_keepalive(Some(state.cfg.limits.keepalive_idle_s));
+        }
         // A client may send its next request before it has read this answer (HTTP/1.1
         // pipelining): its bytes are kept for the next request, which is answered after this
         // one, rather than read as a disconnect.
@@ -77,7 +83,7 @@ impl ProxyHttp for WarmpathProxy {
     }
 
     async fn request_filter(&self, session: &mut Session, ctx: &mut RequestCtx) -> Result<bool> {
-        let state = &self.state;
+        let state = &self.live.load();
         if let Some(e) = framing::refused(session.req_header(), state.cfg.limits.max_header_bytes) {
             // The body's extent is in doubt: nothing after this answer is read as a request.
             session.set_keepalive(None);
@@ -118,7 +124,7 @@ impl ProxyHttp for WarmpathProxy {
         let req = session.req_header();
         match route {
             Route::WebSocket => {
-                crate::ws::serve(state, session, ctx).await?;
+                crate::ws::serve(&self.live, session, ctx).await?;
             }
             Route::Llm(LlmRoute::Responses) => {
                 ctx.route = LlmRoute::Responses.label();
@@ -159,7 +165,8 @@ impl ProxyHttp for WarmpathProxy {
 
     async fn logging(&self, session: &mut Session, e: Option<&Error>, ctx: &mut RequestCtx) {
         crate::limits::request_done(session);
-        let m = &self.state.metrics;
+        let state = self.live.load();
+        let m = &state.metrics;
         finish_recording(m, ctx);
         let status = match (ctx.status, e) {
             (0, Some(_)) => 500,

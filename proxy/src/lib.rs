@@ -20,6 +20,7 @@
 //!    one place) and [`cli`].
 
 pub mod auth;
+pub mod build;
 pub mod cache;
 pub mod canon;
 pub mod cli;
@@ -30,6 +31,8 @@ pub mod http;
 pub mod limits;
 pub mod observe;
 pub mod pipeline;
+pub mod policy;
+pub mod reload;
 pub mod request;
 pub mod responses;
 pub mod route;

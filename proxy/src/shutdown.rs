@@ -17,7 +17,7 @@ use std::time::{Duration, Instant};
 use async_trait::async_trait;
 
 use crate::observe::Active;
-use crate::state::AppState;
+use crate::state::Live;
 
 /// How often the drain looks at what is left.
 const POLL: Duration = Duration::from_millis(50);
@@ -80,7 +80,8 @@ impl Handover {
 }
 
 pub struct Drain {
-    pub state: Arc<AppState>,
+    /// The state of the moment (its WebSockets and lifecycle are the process's).
+    pub live: Arc<Live>,
     pub grace: Duration,
     pub handover: Handover,
 }
@@ -91,7 +92,7 @@ impl pingora::services::background::BackgroundService for Drain {
         if shutdown.changed().await.is_err() {
             return;
         }
-        let state = &self.state;
+        let state = &self.live.load();
         let started = Instant::now();
         state.lifecycle.drain();
         state.ws.drain();
@@ -116,7 +117,7 @@ impl pingora::services::background::BackgroundService for Drain {
             }
             tokio::time::sleep(POLL).await;
         }
-        if let Some(fleet) = state.auth.fleet() {
+        if let Some(fleet) = self.live.load().auth.fleet() {
             if let Err(e) = fleet.flush().await {
                 tracing::warn!(error = %e, "per-key settlements not sent to Redis before exit");
             }

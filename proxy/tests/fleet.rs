@@ -227,7 +227,8 @@ fn without_redis_limits_fail_open_to_local_counts_or_closed_and_keys_wait() {
     );
     let file = dir.path().join("fleet.toml");
     std::fs::write(&file, &text).expect("policy");
-    let waiting = Proxy::start(&text);
+    // Not ready (/readyz) until the keys are read: started without waiting for it.
+    let waiting = Proxy::start_with(&text, false);
     let r = post_as(&waiting, &key, "/v1/chat/completions", &chat("m", "hi", 1));
     assert_eq!(
         (r.status, r.json()["error"]["code"].as_str()),

@@ -180,13 +180,18 @@ impl Proxy {
     /// Starts warmpath with `policy` (TOML) and waits until its admin listener answers and, when
     /// `ready`, until `/readyz` says every pool has a backend.
     pub fn start_with(policy: &str, ready: bool) -> Proxy {
+        Proxy::start_args(policy, ready, &[])
+    }
+
+    /// With extra command-line arguments (`--watch`).
+    pub fn start_args(policy: &str, ready: bool, args: &[&str]) -> Proxy {
         let dir = TempDir::new();
         let file = dir.path().join("policy.toml");
         std::fs::write(&file, policy).expect("write policy");
         let [port, admin_port] = free_ports();
         let addr: SocketAddr = format!("127.0.0.1:{port}").parse().expect("addr");
         let admin: SocketAddr = format!("127.0.0.1:{admin_port}").parse().expect("addr");
-        let proxy = Proxy::spawn(file, addr, admin, &[], dir);
+        let proxy = Proxy::spawn(file, addr, admin, args, dir);
         let path = if ready { "/readyz" } else { "/healthz" };
         let up = eventually(Duration::from_secs(30), || {
             TcpStream::connect(admin).is_ok()

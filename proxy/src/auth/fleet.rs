@@ -294,25 +294,34 @@ impl Fleet {
 }
 
 /// Sends the fleet's queued settlements every [`FLUSH`] and when a slot is freed, and once
-/// more at shutdown.
-pub struct FlushLimits(pub Arc<Fleet>);
+/// more at shutdown. `fleet` gives the counts of the moment (a policy reload may replace them,
+/// or turn them on or off).
+pub struct FlushLimits(pub Arc<dyn Fn() -> Option<Arc<Fleet>> + Send + Sync>);
 
 #[async_trait::async_trait]
 impl pingora::services::background::BackgroundService for FlushLimits {
     async fn start(&self, mut shutdown: pingora::server::ShutdownWatch) {
-        let mut tick = tokio::time::interval(FLUSH);
-        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let mut warned = false;
         loop {
+            let fleet = (self.0)();
+            let woken = async {
+                match &fleet {
+                    Some(f) => f.wake.notified().await,
+                    None => std::future::pending().await,
+                }
+            };
             tokio::select! {
-                _ = tick.tick() => {}
-                _ = self.0.wake.notified() => {}
+                _ = tokio::time::sleep(FLUSH) => {}
+                _ = woken => {}
                 _ = shutdown.changed() => {
-                    let _ = self.0.flush().await;
+                    if let Some(f) = fleet {
+                        let _ = f.flush().await;
+                    }
                     return;
                 }
             }
-            match self.0.flush().await {
+            let Some(f) = fleet else { continue };
+            match f.flush().await {
                 Ok(()) => warned = false,
                 Err(e) if !warned => {
                     warned = true;

@@ -157,6 +157,11 @@ impl Auth {
         self.loaded.store(true, Ordering::Release);
     }
 
+    /// Whether requests can be authenticated: auth is off, or the keys were read.
+    pub fn ready(&self) -> bool {
+        !self.enabled || self.loaded.load(Ordering::Acquire)
+    }
+
     /// Whether there are keys for [`WatchKeys`] to watch.
     pub fn watches(&self) -> bool {
         !matches!(self.source, Source::None)
@@ -334,25 +339,24 @@ pub fn salted_body(body: bytes::Bytes, salt: &str, theirs: Option<&str>) -> byte
 }
 
 /// Re-reads the keys when they change (`warmpath keys add` takes effect without a restart),
-/// every `interval`; keys in Redis are read at once at start.
+/// every `interval`; keys in Redis are read at once at start. `auth` gives the keys of the
+/// moment (a policy reload may replace them).
 pub struct WatchKeys {
-    pub auth: Arc<Auth>,
+    pub auth: Arc<dyn Fn() -> Arc<Auth> + Send + Sync>,
     pub interval: Duration,
 }
 
 #[async_trait::async_trait]
 impl pingora::services::background::BackgroundService for WatchKeys {
     async fn start(&self, mut shutdown: pingora::server::ShutdownWatch) {
-        if !self.auth.watches() {
-            return;
-        }
         let mut failing = false;
-        let redis = matches!(self.auth.source, Source::Redis(..));
         loop {
-            match self.auth.reload().await {
+            let auth = (self.auth)();
+            let redis = matches!(auth.source, Source::Redis(..));
+            match auth.reload().await {
                 Ok(true) => {
                     failing = false;
-                    let keys = self.auth.table().len();
+                    let keys = auth.table().len();
                     match redis {
                         true => tracing::info!(keys, "keys read from Redis"),
                         false => tracing::info!(keys, "keys file re-read"),
@@ -373,10 +377,11 @@ impl pingora::services::background::BackgroundService for WatchKeys {
                 Err(_) => {}
             }
             // Keys never read (Redis down at start) are asked for again sooner.
-            let pause = match self.auth.loaded.load(Ordering::Acquire) {
+            let pause = match auth.loaded.load(Ordering::Acquire) {
                 true => self.interval,
                 false => self.interval.min(Duration::from_millis(200)),
             };
+            drop(auth);
             tokio::select! {
                 _ = tokio::time::sleep(pause) => {}
                 _ = shutdown.changed() => return,

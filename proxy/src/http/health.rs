@@ -1,5 +1,5 @@
 //! `GET /health` on the API port: 200 with an empty body while every pool has a backend that
-//! takes traffic and the process is not draining (what vLLM's own `/health` answers, so load
+//! takes traffic, API keys (where on) are read, and the process is not draining (what vLLM's own `/health` answers, so load
 //! balancers and Kubernetes probes pointed at the API port work unchanged); 503 otherwise, in
 //! the OpenAI error shape, saying why. The admin listener's `/readyz` reports the same.
 
@@ -12,10 +12,10 @@ use crate::state::AppState;
 
 /// Answers the probe; the status sent.
 pub async fn serve(state: &AppState, session: &mut Session) -> pingora::Result<u16> {
-    let why = match state.fleet.unready().as_slice() {
+    let why = match state.unready().as_slice() {
         _ if state.lifecycle.draining() => Some("draining: warmpath is shutting down".to_owned()),
         [] => None,
-        pools => Some(format!("no backend up in: {}", pools.join(", "))),
+        why => Some(format!("not ready: {}", why.join("; "))),
     };
     if let Some(why) = why {
         send_error(session, &ApiError::unavailable(why).with_code("not_ready"), &[]).await?;

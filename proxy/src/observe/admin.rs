@@ -1,6 +1,6 @@
-//! The admin listener: `/metrics` (Prometheus text format), `/healthz` (the process answers)
-//! and `/readyz` (the API listener accepts connections, every pool has a backend that takes
-//! traffic, and the process is not draining).
+//! The admin listener: `/metrics` (Prometheus text format), `/healthz` (the process answers),
+//! `/readyz` (the API listener accepts connections, every pool has a backend that takes
+//! traffic, and the process is not draining) and `POST /reload` (the policy file read again).
 
 use async_trait::async_trait;
 use http::Response;
@@ -9,8 +9,14 @@ use pingora::protocols::http::ServerSession;
 
 use super::Metrics;
 
-/// The names of the pools that have no backend taking traffic now.
+/// What keeps the process from serving now (pools with no backend up, keys not read).
 pub type Unready = Box<dyn Fn() -> Vec<String> + Send + Sync>;
+
+/// A policy reload (`POST /reload`): what was reloaded, or why not.
+#[async_trait]
+pub trait Reload: Send + Sync {
+    async fn reload(&self, why: &str) -> Result<String, String>;
+}
 
 pub struct AdminApp {
     pub metrics: Metrics,
@@ -21,6 +27,8 @@ pub struct AdminApp {
     pub api: std::net::SocketAddr,
     /// Draining after SIGTERM: not ready.
     pub lifecycle: std::sync::Arc<super::Lifecycle>,
+    /// `POST /reload`.
+    pub reload: std::sync::Arc<dyn Reload>,
 }
 
 fn reply(status: u16, content_type: &str, body: Vec<u8>) -> Response<Vec<u8>> {
@@ -50,7 +58,13 @@ impl AdminApp {
 #[async_trait]
 impl ServeHttp for AdminApp {
     async fn response(&self, session: &mut ServerSession) -> Response<Vec<u8>> {
+        let post = session.req_header().method == http::Method::POST;
         match session.req_header().uri.path() {
+            "/reload" if post => match self.reload.reload("POST /reload").await {
+                Ok(done) => reply(200, "text/plain", format!("{done}\n").into_bytes()),
+                Err(e) => reply(400, "text/plain", format!("not reloaded: {e}\n").into_bytes()),
+            },
+            "/reload" => reply(405, "text/plain", b"POST /reload reloads the policy file\n".to_vec()),
             "/metrics" => reply(200, "text/plain; version=0.0.4", self.metrics.render()),
             "/healthz" => reply(200, "text/plain", b"ok\n".to_vec()),
             "/readyz" if self.lifecycle.draining() => {
@@ -63,11 +77,13 @@ impl ServeHttp for AdminApp {
             ),
             "/readyz" => match (self.unready)().as_slice() {
                 [] => reply(200, "text/plain", b"ready\n".to_vec()),
-                pools => {
-                    reply(503, "text/plain", format!("no backend up in: {}\n", pools.join(", ")).into_bytes())
-                }
+                why => reply(503, "text/plain", format!("not ready: {}\n", why.join("; ")).into_bytes()),
             },
-            _ => reply(404, "text/plain", b"not found: try /metrics, /healthz, /readyz\n".to_vec()),
+            _ => reply(
+                404,
+                "text/plain",
+                b"not found: try /metrics, /healthz, /readyz, POST /reload\n".to_vec(),
+            ),
         }
     }
 }

@@ -140,6 +140,10 @@ pub struct Metrics {
     /// `limit` (`requests`, `websockets`): admissions decided by this replica's own counts
     /// because the fleet's (`limits_store = "redis"`) could not be reached.
     pub limits_fail_open: IntCounterVec,
+    /// `result` (`ok`, `error`): policy reloads.
+    pub config_reloads: IntCounterVec,
+    /// `sha256` (its first 16 hex digits): 1 for the policy file being served.
+    pub config_info: IntGaugeVec,
     /// `pool`: requests waiting for a backend slot.
     pub queue_depth: IntGaugeVec,
     /// `pool`: how long queued requests waited (served or not).
@@ -473,6 +477,16 @@ impl Metrics {
                 "warmpath_redis_errors_total",
                 "Redis calls that failed (an error, or no answer within [redis] timeout_ms), by what they were for: sessions, keys, limits.",
                 &["use"],
+            ),
+            config_reloads: counter(
+                "warmpath_config_reloads_total",
+                "Policy reloads (SIGHUP, POST /reload, --watch), by result: ok, or error (the old policy keeps serving).",
+                &["result"],
+            ),
+            config_info: gauge(
+                "warmpath_config_info",
+                "The policy file being served: 1, labelled with the first 16 hex digits of its SHA-256.",
+                &["sha256"],
             ),
             queue_depth: gauge(
                 "warmpath_queue_depth",

@@ -6,6 +6,6 @@ mod admin;
 mod lifecycle;
 mod metrics;
 
-pub use admin::{AdminApp, Unready};
+pub use admin::{AdminApp, Reload, Unready};
 pub use lifecycle::{Active, Lifecycle};
 pub use metrics::Metrics;

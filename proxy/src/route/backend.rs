@@ -61,8 +61,9 @@ pub struct Backend {
     health: Mutex<Health>,
     inflight_gauge: IntGauge,
     up_gauge: IntGauge,
-    /// The pool's queue, told when a slot here is freed.
-    pub queue: Option<Arc<super::queue::Queue>>,
+    /// The pool's queue, told when a slot here is freed (set again when a reload carries the
+    /// backend into a rebuilt pool).
+    queue: Mutex<Option<Arc<super::queue::Queue>>>,
 }
 
 impl Backend {
@@ -89,8 +90,19 @@ impl Backend {
             health: Mutex::new(Health::default()),
             inflight_gauge,
             up_gauge,
-            queue: None,
+            queue: Mutex::new(None),
         }
+    }
+
+    /// The queue told when a slot here is freed.
+    pub fn set_queue(&self, q: Arc<super::queue::Queue>) {
+        *self.queue.lock().unwrap_or_else(|p| p.into_inner()) = Some(q);
+    }
+
+    /// Added by a reload: takes no traffic until the health probes find it up.
+    pub fn await_probe(&self) {
+        self.health().probe_down = true;
+        self.up_gauge.set(0);
     }
 
     fn health(&self) -> MutexGuard<'_, Health> {
@@ -243,7 +255,8 @@ impl Drop for InflightGuard {
         self.backend.inflight.fetch_sub(1, Ordering::AcqRel);
         self.backend.inflight_gauge.dec();
         self.total.dec();
-        if let Some(q) = &self.backend.queue {
+        let q = self.backend.queue.lock().unwrap_or_else(|p| p.into_inner()).clone();
+        if let Some(q) = q {
             q.slot_freed();
         }
     }

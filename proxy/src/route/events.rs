@@ -35,7 +35,7 @@ use warmpath_wire::prefix::{block_hash, root_hash};
 use zeromq::{Socket, SocketEvent, SocketRecv, SocketSend, ZmqMessage};
 
 use super::index::PrefixIndex;
-use super::{Fleet, Pool};
+use super::{Current, Pool};
 use crate::config::IndexMode;
 use crate::observe::Metrics;
 
@@ -152,27 +152,52 @@ impl Applier {
     }
 }
 
-/// Follows the KV events of every backend of every `cache_aware` pool in precise mode.
+/// Follows the KV events of every backend of every `cache_aware` pool in precise mode: a feed
+/// per backend, started as a pool appears (at start, or with a reload) and stopped when its
+/// pool is gone from the fleet.
 pub struct EventFeeds {
-    pub fleet: Arc<Fleet>,
+    pub current: Arc<dyn Current>,
     pub metrics: Metrics,
 }
+
+/// How often the feeds are matched against the current fleet.
+const RESCAN: Duration = Duration::from_secs(1);
 
 #[async_trait]
 impl BackgroundService for EventFeeds {
     async fn start(&self, mut shutdown: ShutdownWatch) {
-        let mut tasks = Vec::new();
-        for pool in self.fleet.pools() {
-            if pool.cache_aware.is_none() || pool.cache_cfg.mode != IndexMode::Precise {
-                continue;
+        // By the pool's routing state (its address: a reload that keeps a pool keeps its
+        // feeds) and the backend's index.
+        let mut feeds: HashMap<(usize, usize), tokio::task::JoinHandle<()>> = HashMap::new();
+        loop {
+            let mut wanted = HashMap::new();
+            for pool in self.current.fleet().pools() {
+                if pool.cache_aware.is_none() || pool.cache_cfg.mode != IndexMode::Precise {
+                    continue;
+                }
+                for (i, b) in pool.backends.iter().enumerate() {
+                    let Some(endpoint) = b.kv_events.clone() else { continue };
+                    wanted.insert((Arc::as_ptr(pool) as usize, i), (pool.clone(), endpoint));
+                }
             }
-            for (i, b) in pool.backends.iter().enumerate() {
-                let Some(endpoint) = b.kv_events.clone() else { continue };
-                tasks.push(tokio::spawn(feed(pool.clone(), i, endpoint, self.metrics.clone())));
+            feeds.retain(|k, t| {
+                let keep = wanted.contains_key(k);
+                if !keep {
+                    t.abort();
+                }
+                keep
+            });
+            for (k, (pool, endpoint)) in wanted {
+                feeds
+                    .entry(k)
+                    .or_insert_with(|| tokio::spawn(feed(pool, k.1, endpoint, self.metrics.clone())));
+            }
+            tokio::select! {
+                _ = tokio::time::sleep(RESCAN) => {}
+                _ = shutdown.changed() => break,
             }
         }
-        let _ = shutdown.changed().await;
-        for t in tasks {
+        for t in feeds.into_values() {
             t.abort();
         }
     }

@@ -9,27 +9,28 @@ use async_trait::async_trait;
 use pingora::server::ShutdownWatch;
 use pingora::services::background::BackgroundService;
 
-use super::Fleet;
+use super::{Current, Fleet};
 use crate::config::HealthConfig;
 use crate::observe::Metrics;
-use crate::upstream::{get, Upstream};
+use crate::upstream::get;
 
 pub struct HealthChecker {
-    pub fleet: Arc<Fleet>,
-    pub cfg: HealthConfig,
+    /// The fleet, settings and connector of the moment (a reload swaps them).
+    pub current: Arc<dyn Current>,
     pub metrics: Metrics,
-    pub upstream: Arc<Upstream>,
 }
 
 impl HealthChecker {
-    async fn probe_all(&self) {
-        let timeout = Duration::from_millis(self.cfg.timeout_ms);
-        let probes = self.fleet.backends().map(|b| {
+    async fn probe_all(&self, fleet: &Fleet, cfg: &HealthConfig) {
+        let timeout = Duration::from_millis(cfg.timeout_ms);
+        let upstream = self.current.upstream();
+        let upstream = &upstream;
+        let probes = fleet.backends().map(|b| {
             let b = b.clone();
             async move {
                 // Why a probe failed (a refused connection, a certificate that does not verify,
                 // a status) is what the operator needs in the log.
-                let why = match get(&self.upstream, &b.peer, &self.cfg.path, timeout).await {
+                let why = match get(upstream, &b.peer, &cfg.path, timeout).await {
                     Ok((200..=299, _)) => None,
                     Ok((status, _)) => Some(format!("status {status}")),
                     Err(e) => Some(e),
@@ -41,11 +42,11 @@ impl HealthChecker {
             let ok = why.is_none();
             let result = if ok { "ok" } else { "fail" };
             self.metrics.health_checks.with_label_values(&[&b.pool, &b.name, result]).inc();
-            match b.record_probe(ok, &self.cfg) {
+            match b.record_probe(ok, cfg) {
                 Some(true) => tracing::info!(backend = %b.name, "health check passed: backend is up"),
                 Some(false) => {
                     let why = why.unwrap_or_default();
-                    tracing::warn!(backend = %b.name, path = %self.cfg.path, error = %why, "health check failed: backend is down")
+                    tracing::warn!(backend = %b.name, path = %cfg.path, error = %why, "health check failed: backend is down")
                 }
                 None => {}
             }
@@ -56,19 +57,20 @@ impl HealthChecker {
 #[async_trait]
 impl BackgroundService for HealthChecker {
     async fn start(&self, mut shutdown: ShutdownWatch) {
-        let mut tick = tokio::time::interval(Duration::from_millis(self.cfg.interval_ms));
-        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
-            tokio::select! {
-                _ = tick.tick() => {}
-                _ = shutdown.changed() => return,
-            }
-            if self.cfg.enabled {
-                self.probe_all().await;
+            // Read each round: a reload may change the interval, the path or the backends.
+            let cfg = self.current.health();
+            let fleet = self.current.fleet();
+            if cfg.enabled {
+                self.probe_all(&fleet, &cfg).await;
             }
             let now = Instant::now();
-            for b in self.fleet.backends() {
+            for b in fleet.backends() {
                 b.refresh_gauge(now);
+            }
+            tokio::select! {
+                _ = tokio::time::sleep(Duration::from_millis(cfg.interval_ms)) => {}
+                _ = shutdown.changed() => return,
             }
         }
     }

@@ -17,9 +17,9 @@ use async_trait::async_trait;
 use pingora::server::ShutdownWatch;
 use pingora::services::background::BackgroundService;
 
-use super::{Fleet, Pool};
+use super::{Current, Pool};
 use crate::observe::Metrics;
-use crate::upstream::{get, Upstream};
+use crate::upstream::get;
 
 /// What one scrape found.
 #[derive(Debug, Clone, Copy, Default, PartialEq)]
@@ -122,25 +122,27 @@ impl UnitsPerToken {
 }
 
 pub struct LoadScraper {
-    pub fleet: Arc<Fleet>,
+    /// The fleet and connector of the moment (a reload swaps them).
+    pub current: Arc<dyn Current>,
     pub metrics: Metrics,
-    pub upstream: Arc<Upstream>,
     /// Per pool (by name): its bytes-per-token estimate, where it cuts prompts into bytes.
     pub units: Mutex<std::collections::HashMap<String, UnitsPerToken>>,
 }
 
 impl LoadScraper {
-    pub fn new(fleet: Arc<Fleet>, metrics: Metrics, upstream: Arc<Upstream>) -> LoadScraper {
-        LoadScraper { fleet, metrics, upstream, units: Mutex::default() }
+    pub fn new(current: Arc<dyn Current>, metrics: Metrics) -> LoadScraper {
+        LoadScraper { current, metrics, units: Mutex::default() }
     }
 
     async fn scrape(&self, pool: &Pool) {
         let Some(ca) = &pool.cache_aware else { return };
         let timeout = Duration::from_millis(pool.cache_cfg.scrape_interval_ms.clamp(100, 5000));
+        let upstream = self.current.upstream();
+        let upstream = &upstream;
         let reads = pool
             .backends
             .iter()
-            .map(|b| async move { (b, get(&self.upstream, &b.peer, "/metrics", timeout).await) });
+            .map(|b| async move { (b, get(upstream, &b.peer, "/metrics", timeout).await) });
         let answers = futures_util::future::join_all(reads).await;
         let mut kv = Vec::with_capacity(pool.backends.len());
         let mut units = self.units.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
@@ -192,24 +194,15 @@ impl LoadScraper {
 #[async_trait]
 impl BackgroundService for LoadScraper {
     async fn start(&self, mut shutdown: ShutdownWatch) {
-        let pools: Vec<Arc<Pool>> =
-            self.fleet.pools().iter().filter(|p| p.cache_aware.is_some()).cloned().collect();
-        let Some(every) = pools.iter().map(|p| p.cache_cfg.scrape_interval_ms).filter(|&ms| ms > 0).min()
-        else {
-            // Nothing to scrape: still publish the index sizes now and then.
-            let mut tick = tokio::time::interval(Duration::from_secs(5));
-            loop {
-                tokio::select! {
-                    _ = tick.tick() => pools.iter().for_each(|p| self.publish(p)),
-                    _ = shutdown.changed() => return,
-                }
-            }
-        };
-        let mut tick = tokio::time::interval(Duration::from_millis(every));
-        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
+            // Read each round: a reload may add, drop or change pools.
+            let pools: Vec<Arc<Pool>> =
+                self.current.fleet().pools().iter().filter(|p| p.cache_aware.is_some()).cloned().collect();
+            let every = pools.iter().map(|p| p.cache_cfg.scrape_interval_ms).filter(|&ms| ms > 0).min();
+            // Nothing to scrape: still publish the index sizes now and then.
+            let wait = Duration::from_millis(every.unwrap_or(5_000));
             tokio::select! {
-                _ = tick.tick() => {}
+                _ = tokio::time::sleep(wait) => {}
                 _ = shutdown.changed() => return,
             }
             for p in &pools {

@@ -207,6 +207,14 @@ impl Pool {
     }
 }
 
+/// What the background services (health probes, load scrapes, KV event feeds) walk over: the
+/// current fleet and settings, which a policy reload swaps.
+pub trait Current: Send + Sync {
+    fn fleet(&self) -> Arc<Fleet>;
+    fn health(&self) -> crate::config::HealthConfig;
+    fn upstream(&self) -> Arc<crate::upstream::Upstream>;
+}
+
 /// Every pool's routing state: what the background services (health probes, load scrapes, KV
 /// event feeds) and readiness walk over.
 #[derive(Debug, Default)]
@@ -273,7 +281,7 @@ impl Pool {
             );
             b.kv_events = spec.kv_events.clone();
             b.kv_replay = spec.kv_replay.clone();
-            b.queue = Some(queue.clone());
+            b.set_queue(queue.clone());
             built.push(Arc::new(b));
         }
         let names: Vec<&str> = built.iter().map(|b| b.name.as_str()).collect();

@@ -1,12 +1,13 @@
 //! What every entry point and stage shares: the process's state ([`AppState`]), each pool with
 //! every stage's part of it ([`Pools`]), and one request's context ([`RequestCtx`]). It sits
 //! below the entry points (`http`, `ws`) and the stages they call, so that they share it
-//! without importing each other; `server.rs` builds it at start-up.
+//! without importing each other; `server.rs` builds it at start-up and again on a policy
+//! reload, swapping it whole in [`Live`].
 
 mod ctx;
 mod pools;
 
-use std::sync::Arc;
+use std::sync::{Arc, RwLock};
 
 pub use ctx::RequestCtx;
 pub use pools::{Pool, Pools};
@@ -29,10 +30,56 @@ pub struct AppState {
     pub upstream: Arc<Upstream>,
     /// Stored Responses conversations.
     pub sessions: Arc<Store>,
-    /// Open WebSocket connections.
-    pub ws: Connections,
+    /// Open WebSocket connections (the same across reloads).
+    pub ws: Arc<Connections>,
     /// API keys and their limits.
     pub auth: Arc<Auth>,
     /// Serving, draining or closing.
     pub lifecycle: Arc<Lifecycle>,
+}
+
+impl AppState {
+    /// What keeps the process from serving (`/readyz`, `/health`): pools with no backend up,
+    /// and API keys not read yet (kept in Redis, which has not answered).
+    pub fn unready(&self) -> Vec<String> {
+        let mut out: Vec<String> =
+            self.fleet.unready().into_iter().map(|p| format!("no backend up in {p}")).collect();
+        if !self.auth.ready() {
+            out.push("API keys not read yet (Redis has not answered)".to_owned());
+        }
+        out
+    }
+}
+
+/// The state new requests are served with: swapped whole by a policy reload. A request (and a
+/// WebSocket turn) keeps the state it started with to its end.
+pub struct Live(RwLock<Arc<AppState>>);
+
+impl Live {
+    pub fn new(state: Arc<AppState>) -> Live {
+        Live(RwLock::new(state))
+    }
+
+    pub fn load(&self) -> Arc<AppState> {
+        self.0.read().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+
+    /// Serves `state` from now on; the state it replaces.
+    pub fn swap(&self, state: Arc<AppState>) -> Arc<AppState> {
+        std::mem::replace(&mut *self.0.write().unwrap_or_else(|p| p.into_inner()), state)
+    }
+}
+
+impl crate::route::Current for Live {
+    fn fleet(&self) -> Arc<Fleet> {
+        self.load().fleet.clone()
+    }
+
+    fn health(&self) -> crate::config::HealthConfig {
+        self.load().cfg.health.clone()
+    }
+
+    fn upstream(&self) -> Arc<Upstream> {
+        self.load().upstream.clone()
+    }
 }

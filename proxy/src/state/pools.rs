@@ -64,4 +64,9 @@ impl Pools {
     pub fn iter(&self) -> impl Iterator<Item = &Arc<Pool>> {
         self.list.iter()
     }
+
+    /// The pool named `name`.
+    pub fn named(&self, name: &str) -> Option<&Arc<Pool>> {
+        self.list.iter().find(|p| p.name == name)
+    }
 }

@@ -31,6 +31,13 @@ pub struct Peer {
 }
 
 impl Peer {
+    /// Whether this peer is what `url` with key `key` would make (a reload keeps the backend).
+    pub fn is(&self, url: &BackendUrl, key: Option<&str>) -> bool {
+        self.url.to_string() == url.to_string()
+            && self.authorization.as_ref().map(|v| v.as_bytes().to_vec())
+                == key.map(|k| format!("Bearer {k}").into_bytes())
+    }
+
     /// The connection template of a backend. Names are resolved once, here: pingora's own
     /// resolution blocks the worker thread.
     pub fn new(url: BackendUrl, up: &UpstreamConfig) -> Result<Peer, String> {

@@ -30,7 +30,7 @@ use crate::responses::events::Event;
 use crate::responses::request::{raw_fields, raw_str, ResponsesRequest};
 use crate::responses::{EventSink, ProxyHeaders, Turn};
 use crate::session::{tenant, Conversation};
-use crate::state::{AppState, RequestCtx};
+use crate::state::{AppState, Live, RequestCtx};
 use warmpath_wire::websocket::{self as frame, code, Message, Reader};
 
 /// RFC 6455 §1.3.
@@ -79,11 +79,8 @@ fn handshake_error(req: &RequestHeader) -> Option<(ApiError, Option<(&'static st
 }
 
 /// Serves one WebSocket connection, from the upgrade to the close.
-pub async fn serve(
-    state: &Arc<AppState>,
-    session: &mut Session,
-    ctx: &mut RequestCtx,
-) -> pingora::Result<()> {
+pub async fn serve(live: &Arc<Live>, session: &mut Session, ctx: &mut RequestCtx) -> pingora::Result<()> {
+    let state = &live.load();
     ctx.route = "responses_ws";
     // A refused upgrade ends the connection: the client meant to leave HTTP on it.
     session.set_keepalive(None);
@@ -133,6 +130,7 @@ pub async fn serve(
     let tenant = tenant(head.owner());
     let mut conn = Conn {
         state: state.clone(),
+        live: live.clone(),
         head: Arc::new(head),
         tenant,
         reader: Reader::new(cfg.max_message_kib as usize * 1024),
@@ -166,7 +164,10 @@ struct Running {
 }
 
 struct Conn {
+    /// The state the connection opened with (its limits).
     state: Arc<AppState>,
+    /// Each turn runs under the state current when it starts (a reload applies to the next).
+    live: Arc<Live>,
     head: Arc<Head>,
     tenant: u64,
     reader: Reader,
@@ -359,7 +360,7 @@ impl Conn {
 
     fn start(&mut self, req: ResponsesRequest) {
         let (tx, rx) = mpsc::channel(CHANNEL);
-        let state = self.state.clone();
+        let state = self.live.load();
         let head = self.head.clone();
         let (tenant, cached) = (self.tenant, self.last.clone());
         let previous = req.previous_response_id.clone();
