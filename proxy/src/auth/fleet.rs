@@ -26,6 +26,8 @@ use crate::shared::{Shared, SharedError};
 const LEASE: Duration = Duration::from_secs(60);
 /// How often queued settlements go out.
 pub const FLUSH: Duration = Duration::from_millis(100);
+/// How long the flusher sleeps when nothing is owed or held (an idle warmpath stays quiet).
+const IDLE: Duration = Duration::from_secs(5);
 
 /// One key's counters in Redis, all in one hash slot (a Cluster runs the scripts on one node).
 fn counters(name: &str) -> [String; 5] {
@@ -60,8 +62,10 @@ pub struct Fleet {
     admit: Script,
     settle: Script,
     socket: Script,
-    /// Wakes the flusher when a slot is freed.
+    /// Wakes the flusher when a slot is freed, or when something is owed while it idles.
     wake: tokio::sync::Notify,
+    /// The flusher is in its long sleep.
+    idling: std::sync::atomic::AtomicBool,
     metrics: Metrics,
 }
 
@@ -79,6 +83,7 @@ impl Fleet {
             settle: Script::new(include_str!("lua/settle.lua")),
             socket: Script::new(include_str!("lua/socket.lua")),
             wake: tokio::sync::Notify::new(),
+            idling: std::sync::atomic::AtomicBool::new(false),
             metrics: metrics.clone(),
         }
     }
@@ -196,6 +201,16 @@ impl Fleet {
         } else {
             o.spent += reserved;
         }
+        drop(owed);
+        if self.idling.load(Ordering::Acquire) {
+            self.wake.notify_one();
+        }
+    }
+
+    /// Nothing owed and no slot held: the flusher may sleep long.
+    fn idle(&self) -> bool {
+        self.owed.lock().unwrap_or_else(|p| p.into_inner()).is_empty()
+            && self.held.lock().unwrap_or_else(|p| p.into_inner()).is_empty()
     }
 
     /// A slot (a request's or a WebSocket's) is given back.
@@ -304,6 +319,15 @@ impl pingora::services::background::BackgroundService for FlushLimits {
         let mut warned = false;
         loop {
             let fleet = (self.0)();
+            // Every FLUSH while there is work; a long sleep otherwise (woken by new work).
+            // (Marked idling before looking, so work queued meanwhile wakes it.)
+            if let Some(f) = &fleet {
+                f.idling.store(true, Ordering::Release);
+            }
+            let idle = fleet.as_ref().is_none_or(|f| f.idle());
+            if let Some(f) = fleet.as_ref().filter(|_| !idle) {
+                f.idling.store(false, Ordering::Release);
+            }
             let woken = async {
                 match &fleet {
                     Some(f) => f.wake.notified().await,
@@ -311,7 +335,7 @@ impl pingora::services::background::BackgroundService for FlushLimits {
                 }
             };
             tokio::select! {
-                _ = tokio::time::sleep(FLUSH) => {}
+                _ = tokio::time::sleep(if idle { IDLE } else { FLUSH }) => {}
                 _ = woken => {}
                 _ = shutdown.changed() => {
                     if let Some(f) = fleet {

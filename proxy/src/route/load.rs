@@ -11,7 +11,7 @@
 //! backends still hold (measured: 0.82 of the hit-rate ceiling instead of 0.94).
 
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
 use pingora::server::ShutdownWatch;
@@ -194,6 +194,8 @@ impl LoadScraper {
 #[async_trait]
 impl BackgroundService for LoadScraper {
     async fn start(&self, mut shutdown: ShutdownWatch) {
+        // Per pool (by name): the work routed to it as of its last scrape, and when that was.
+        let mut last: std::collections::HashMap<String, (u64, Instant)> = Default::default();
         loop {
             // Read each round: a reload may add, drop or change pools.
             let pools: Vec<Arc<Pool>> =
@@ -206,15 +208,28 @@ impl BackgroundService for LoadScraper {
                 _ = shutdown.changed() => return,
             }
             for p in &pools {
-                if p.cache_cfg.scrape_interval_ms > 0 {
-                    self.scrape(p).await;
-                } else {
+                if p.cache_cfg.scrape_interval_ms == 0 {
                     self.publish(p);
+                    continue;
                 }
+                // An idle pool (nothing routed since the last scrape, which found its backends
+                // idle) is read only every QUIET: an idle warmpath stays quiet.
+                let routed: u64 = p.backends.iter().map(|b| b.prompt_units()).sum();
+                let busy = p.backends.iter().any(|b| b.reported_requests() > 0 || b.inflight() > 0);
+                if let Some((units, at)) = last.get(&p.name) {
+                    if *units == routed && !busy && at.elapsed() < QUIET {
+                        continue;
+                    }
+                }
+                self.scrape(p).await;
+                last.insert(p.name.clone(), (routed, Instant::now()));
             }
         }
     }
 }
+
+/// How often an idle pool's backends are read.
+const QUIET: Duration = Duration::from_secs(30);
 
 #[cfg(test)]
 mod tests {
