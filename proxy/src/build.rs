@@ -195,6 +195,7 @@ fn build_pools(
             responses_tokens: pc.responses_tokens,
             tenants: pc.tenants,
             route_headers: pc.route_headers,
+            max_model_len: pc.max_model_len.or(pc.embedded.as_ref().map(|e| e.max_model_len)),
             safety: Safety::from_config(&pc.safety, &pc.name, metrics, &services(pc, cfg, upstream, late))
                 .map_err(|e| format!("pools[{i}].safety: {e}"))?
                 .map(Arc::new),

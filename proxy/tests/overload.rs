@@ -102,3 +102,34 @@ fn a_higher_priority_goes_first_and_equal_ones_keep_their_order() {
     assert_eq!((first.0, second.0, urgent.0), (200, 200, 200));
     assert!(urgent.1 < first.1 && first.1 < second.1, "served out of order");
 }
+
+#[test]
+fn a_prompt_that_cannot_fit_the_context_is_refused_before_it_leaves() {
+    let e = Engine::sim("m", &[]);
+    let pool = "max_model_len = 64\n[pools.canon]\ntokenizer = \"wp32k\"";
+    let proxy = Proxy::start(&policy("", pool, &["m"], &[("e", e.url())]));
+    let long = "many words to count ".repeat(40);
+    for (body, what) in [(chat("m", &long, 4), "a long prompt"), (chat("m", "hi", 1000), "a long completion")]
+    {
+        let r = post_json(proxy.addr, "/v1/chat/completions", &body);
+        assert_eq!(r.status, 400, "{what}: {}", r.text());
+        let err = &r.json()["error"];
+        assert_eq!(
+            (err["code"].as_str(), err["param"].as_str()),
+            (Some("context_length_exceeded"), Some("messages"))
+        );
+        assert!(
+            err["message"].as_str().unwrap_or("").contains("maximum context length is 64 tokens"),
+            "{err}"
+        );
+    }
+    assert_eq!(post_json(proxy.addr, "/v1/chat/completions", &chat("m", "hi", 8)).status, 200);
+    let m = proxy.metrics();
+    assert_eq!(
+        metric(&m, r#"warmpath_rejections_total{reason="context_length_exceeded"}"#),
+        Some(2.0),
+        "{m}"
+    );
+    // The engine never saw the refused ones.
+    assert_eq!(metric_sum(&e.metrics(), "vllm:request_success_total"), 1.0);
+}

@@ -24,6 +24,11 @@ pub struct PoolConfig {
     /// Requests waiting at most; one more gets its 429 at once.
     #[serde(default = "default_max_queued")]
     pub max_queued: usize,
+    /// The backends' context length in tokens (vLLM's `--max-model-len`): a request whose
+    /// prompt and `max_tokens` cannot fit gets 400 `context_length_exceeded` from warmpath,
+    /// where the pool counts tokens exactly. Embedded pools: their `max_model_len`.
+    #[serde(default)]
+    pub max_model_len: Option<usize>,
     /// How `/v1/responses` (HTTP and WebSocket) reaches the backends.
     #[serde(default)]
     pub responses: ResponsesMode,

@@ -233,6 +233,13 @@ async fn stages(
         Err(e) => return reject(state, down, ctx, &e, "bad_request").await,
     };
     let prefix = prepared.blocks.as_ref().map(|b| format!("{:016x}", b.prefix_hash));
+    // A prompt that cannot fit the backends' context never leaves (a 21 MB prompt would keep
+    // an engine busy tokenizing it before refusing it).
+    if let (Some(max), Some(b)) = (pool.max_model_len.filter(|_| checks_length(pool)), &prepared.blocks) {
+        if let Some(e) = too_long(&parsed, b.units, max) {
+            return reject(state, down, ctx, &e, "context_length_exceeded").await;
+        }
+    }
     // 4. Response cache.
     let sent: &[u8] = prepared.body.as_deref().unwrap_or(body);
     let cache = match cached::look_up(state, pool, head, &parsed, sent) {
@@ -319,11 +326,37 @@ struct Outgoing<'a> {
 /// counted.
 fn prepare(state: &AppState, pool: &Pool, req: &LlmRequest<'_>) -> Result<Prepared, ApiError> {
     let policy = &pool.route.policy;
-    let hash = policy.wants_prefix() || policy.wants_blocks() || pool.canon.rewrites();
+    let hash = policy.wants_prefix() || policy.wants_blocks() || pool.canon.rewrites() || checks_length(pool);
     let started = Instant::now();
     let prepared = pool.canon.prepare(req, hash)?;
     pool.canon.record(&state.metrics, &pool.name, &prepared, started.elapsed());
     Ok(prepared)
+}
+
+/// Whether the pool checks a request's length before it leaves: it knows the backends' context
+/// length and counts tokens exactly (with the backends' own tokenizer).
+fn checks_length(pool: &Pool) -> bool {
+    pool.max_model_len.is_some() && pool.route.units.exact_tokens
+}
+
+/// 400 `context_length_exceeded` (vLLM's and OpenAI's answer) when the prompt's `tokens` and
+/// the most the request may write cannot fit `max` tokens.
+fn too_long(req: &LlmRequest<'_>, tokens: usize, max: usize) -> Option<ApiError> {
+    let most = ["max_tokens", "max_completion_tokens", "max_output_tokens"]
+        .iter()
+        .find_map(|k| req.extra_raw(k).and_then(|v| v.get().trim().parse::<usize>().ok()))
+        .unwrap_or(0);
+    if tokens + most <= max && tokens < max {
+        return None;
+    }
+    let param = if req.route == LlmRoute::Completions { "prompt" } else { "messages" };
+    let e = ApiError::invalid_request(format!(
+        "This model's maximum context length is {max} tokens. However, you requested {} tokens ({tokens} in the {param}, {most} in the completion). Please reduce the length of the {param} or completion.",
+        tokens + most
+    ))
+    .with_code("context_length_exceeded")
+    .with_param(param);
+    Some(e)
 }
 
 /// Answers the client's error and counts it under `reason`.

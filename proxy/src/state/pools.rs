@@ -29,6 +29,9 @@ pub struct Pool {
     pub tenants: Tenants,
     /// With API keys: answers carry warmpath's routing headers.
     pub route_headers: bool,
+    /// The backends' context length, checked before a request leaves where tokens are
+    /// counted exactly.
+    pub max_model_len: Option<usize>,
 }
 
 /// Every pool, and which pool serves which model.
