@@ -133,3 +133,77 @@ fn a_prompt_that_cannot_fit_the_context_is_refused_before_it_leaves() {
     // The engine never saw the refused ones.
     assert_eq!(metric_sum(&e.metrics(), "vllm:request_success_total"), 1.0);
 }
+
+/// A backend busy while it answers a chat (1.5 s each): meanwhile its `/health` takes 1 s, as
+/// an engine tokenizing a huge prompt answers late; idle, at once.
+fn slow_backend() -> (std::net::SocketAddr, std::sync::Arc<std::sync::atomic::AtomicUsize>) {
+    use std::io::{Read, Write};
+    let l = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+    let addr = l.local_addr().expect("addr");
+    let chats = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let served = chats.clone();
+    let active = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    std::thread::spawn(move || {
+        for s in l.incoming() {
+            let Ok(mut s) = s else { continue };
+            let (served, active) = (served.clone(), active.clone());
+            std::thread::spawn(move || {
+                use std::sync::atomic::Ordering::Relaxed;
+                let mut buf = vec![0u8; 65536];
+                let n = s.read(&mut buf).unwrap_or(0);
+                let req = String::from_utf8_lossy(&buf[..n]).into_owned();
+                let body = if req.starts_with("GET /health") {
+                    if active.load(Relaxed) > 0 {
+                        std::thread::sleep(Duration::from_millis(1000));
+                    }
+                    String::new()
+                } else {
+                    active.fetch_add(1, Relaxed);
+                    std::thread::sleep(Duration::from_millis(1500));
+                    active.fetch_sub(1, Relaxed);
+                    served.fetch_add(1, Relaxed);
+                    serde_json::json!({"id": "c", "object": "chat.completion", "created": 1, "model": "m",
+                        "choices": [{"index": 0, "message": {"role": "assistant", "content": "ok"}, "finish_reason": "stop"}],
+                        "usage": {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2}})
+                    .to_string()
+                };
+                let head = format!(
+                    "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n",
+                    body.len()
+                );
+                let _ = s.write_all(format!("{head}{body}").as_bytes());
+            });
+        }
+    });
+    (addr, chats)
+}
+
+#[test]
+fn a_busy_backend_that_answers_its_probes_late_is_not_taken_for_dead() {
+    let (addr, chats) = slow_backend();
+    let global = "[health]\ninterval_ms = 100\ntimeout_ms = 200\nunhealthy_threshold = 1\n";
+    let proxy = Proxy::start(&policy(global, "", &["m"], &[("slow", format!("http://{addr}"))]));
+    // Requests in flight the whole time (each 1.5 s): the late probes count as busy.
+    let a = proxy.addr;
+    let clients: Vec<_> = (0..3)
+        .map(|i| {
+            std::thread::spawn(move || {
+                std::thread::sleep(Duration::from_millis(300 * i));
+                post_json(a, "/v1/chat/completions", &chat("m", "hi", 1)).status
+            })
+        })
+        .collect();
+    let statuses: Vec<u16> = clients.into_iter().map(|c| c.join().expect("client")).collect();
+    // Not refused as "no healthy backend" while it served.
+    assert_eq!(
+        statuses.iter().filter(|s| **s == 200).count() as usize,
+        chats.load(std::sync::atomic::Ordering::Relaxed)
+    );
+    assert!(statuses.iter().skip(1).all(|s| *s == 200), "{statuses:?}\n{}", proxy.log.text());
+    assert!(
+        metric_sum(
+            &proxy.metrics(),
+            r#"warmpath_health_checks_total{backend="slow",pool="main",result="busy"}"#
+        ) >= 1.0
+    );
+}

@@ -1,6 +1,8 @@
 //! Active health checks: every `interval_ms`, `GET {path}` on each backend; thresholds of
-//! consecutive results mark it down or up (see [`super::Backend::record_probe`]). The same loop keeps
-//! the `warmpath_backend_up` gauges true as ejections run out.
+//! consecutive results mark it down or up (see [`super::Backend::record_probe`]). A probe left
+//! unanswered by a backend that has requests in flight counts as busy, not as a failure (an
+//! engine tokenizing a huge prompt answers its probes late; its requests' own failures still
+//! eject it). The same loop keeps the `warmpath_backend_up` gauges true as ejections run out.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -30,15 +32,24 @@ impl HealthChecker {
             async move {
                 // Why a probe failed (a refused connection, a certificate that does not verify,
                 // a status) is what the operator needs in the log.
+                let started = Instant::now();
                 let why = match get(upstream, &b.peer, &cfg.path, timeout).await {
                     Ok((200..=299, _)) => None,
                     Ok((status, _)) => Some(format!("status {status}")),
                     Err(e) => Some(e),
                 };
-                (b, why)
+                // A probe that got no answer in time from a backend with requests in flight:
+                // busy (a long prompt being tokenized, a full batch), not dead.
+                let busy = why.is_some() && started.elapsed() >= timeout && b.inflight() > 0;
+                (b, why, busy)
             }
         });
-        for (b, why) in futures_util::future::join_all(probes).await {
+        for (b, why, busy) in futures_util::future::join_all(probes).await {
+            if busy {
+                self.metrics.health_checks.with_label_values(&[&b.pool, &b.name, "busy"]).inc();
+                tracing::debug!(backend = %b.name, "health check unanswered while serving: busy, not down");
+                continue;
+            }
             let ok = why.is_none();
             let result = if ok { "ok" } else { "fail" };
             self.metrics.health_checks.with_label_values(&[&b.pool, &b.name, result]).inc();
