@@ -79,6 +79,10 @@ pub fn run(policy: Policy, opts: RunOptions) -> anyhow::Result<()> {
         // plain sleep, then every task dropped) must not cut in before it.
         grace_period_seconds: Some(cfg.server.grace_period_secs + 5),
         graceful_shutdown_timeout_seconds: Some(5),
+        // pingora's own timer wheel wakes a thread every 10 ms once any of its "fast" timeouts
+        // was set: what an idle warmpath spent most of its CPU on. Timeouts of a second and
+        // more go to tokio's timers instead, which sleep while nothing is due.
+        fast_timeout_to_tokio_threshold_seconds: Some(0),
         pid_file: handover.pid_file.clone(),
         upgrade_sock: handover.upgrade_sock.clone(),
         ..ServerConf::default()

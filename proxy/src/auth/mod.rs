@@ -353,7 +353,11 @@ impl pingora::services::background::BackgroundService for WatchKeys {
         loop {
             let auth = (self.auth)();
             let redis = matches!(auth.source, Source::Redis(..));
-            match auth.reload().await {
+            let read = match auth.watches() {
+                true => auth.reload().await,
+                false => Ok(false),
+            };
+            match read {
                 Ok(true) => {
                     failing = false;
                     let keys = auth.table().len();
@@ -377,7 +381,7 @@ impl pingora::services::background::BackgroundService for WatchKeys {
                 Err(_) => {}
             }
             // Keys never read (Redis down at start) are asked for again sooner.
-            let pause = match auth.loaded.load(Ordering::Acquire) {
+            let pause = match auth.ready() {
                 true => self.interval,
                 false => self.interval.min(Duration::from_millis(200)),
             };
