@@ -10,7 +10,7 @@ use crate::cache::ResponseCache;
 use crate::canon::Canon;
 use crate::config::{Config, PoolConfig};
 use crate::embedded::Replica;
-use crate::limits::Connections;
+use crate::limits::{Buffered, Connections};
 use crate::observe::{Lifecycle, Metrics};
 use crate::pipeline::guard::{LateState, PoolCompleter};
 use crate::policy::Policy;
@@ -27,6 +27,8 @@ pub struct Base {
     pub metrics: Metrics,
     pub lifecycle: Arc<Lifecycle>,
     pub ws: Arc<Connections>,
+    /// The bytes of bodies and messages held, for the whole process.
+    pub buffered: Arc<Buffered>,
     pub replicas: HashMap<String, Vec<Replica>>,
 }
 
@@ -82,6 +84,7 @@ pub fn state(base: &Base, policy: Policy, previous: Option<&AppState>) -> Result
         upstream,
         sessions,
         ws: base.ws.clone(),
+        buffered: base.buffered.clone(),
         auth,
         lifecycle: base.lifecycle.clone(),
     });

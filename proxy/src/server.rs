@@ -15,7 +15,7 @@ use crate::auth::{FlushLimits, WatchKeys};
 use crate::build::{self, Base};
 use crate::config::{Config, LogFormat};
 use crate::entry::WarmpathProxy;
-use crate::limits::{Connections, WithHeaderDeadline};
+use crate::limits::{Buffered, Connections, WithHeaderDeadline};
 use crate::observe::{AdminApp, Lifecycle, Metrics};
 use crate::policy::{Policy, RunOptions};
 use crate::reload::{ReloadTriggers, Reloader};
@@ -69,6 +69,7 @@ pub fn run(policy: Policy, opts: RunOptions) -> anyhow::Result<()> {
         metrics: metrics.clone(),
         lifecycle: Arc::new(Lifecycle::default()),
         ws: Arc::new(Connections::new(metrics.ws_connections.with_label_values(&["api"]))),
+        buffered: Buffered::new(cfg.limits.max_buffered_mib << 20, metrics.buffered_bytes.clone()),
         replicas,
     };
 

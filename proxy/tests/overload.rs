@@ -204,3 +204,36 @@ fn a_busy_backend_that_answers_its_probes_late_is_not_taken_for_dead() {
         ) >= 1.0
     );
 }
+
+#[test]
+fn bodies_and_messages_held_at_once_are_bounded_for_the_whole_process() {
+    let e = Engine::sim("m", &[]);
+    let proxy = Proxy::start(&policy("[limits]\nmax_buffered_mib = 1\n", "", &["m"], &[("e", e.url())]));
+    // A body larger than the whole budget (but under max_body_bytes): 503 with retry-after.
+    let mut big = chat("m", "hi", 1);
+    big["padding"] = serde_json::json!("x".repeat(2 << 20));
+    let r = post_json(proxy.addr, "/v1/chat/completions", &big);
+    assert_eq!((r.status, r.json()["error"]["code"].as_str()), (503, Some("server_busy")), "{}", r.text());
+    assert!(r.header("retry-after").is_some());
+    assert_eq!(post_json(proxy.addr, "/v1/chat/completions", &chat("m", "hi", 1)).status, 200);
+    // WebSockets: one holds most of the budget in an unfinished message; the next one that
+    // would go past it is closed with 1013 (try again later), and the first carries on.
+    let mut holding = Ws::connect(proxy.addr, &[]);
+    holding.send_frame(false, 1, &vec![b'a'; 700 << 10]);
+    let mut second = Ws::connect(proxy.addr, &[]);
+    second.send_frame(false, 1, &vec![b'b'; 700 << 10]);
+    let close = loop {
+        match second.read_frame() {
+            Some(f) if f.opcode == 8 => break f.close_code(),
+            Some(_) => continue,
+            None => break None,
+        }
+    };
+    assert_eq!(close, Some(1013));
+    let m = proxy.metrics();
+    assert!(metric(&m, "warmpath_buffered_bytes").unwrap_or(0.0) >= (700 << 10) as f64, "{m}");
+    assert!(metric(&m, r#"warmpath_rejections_total{reason="buffers_full"}"#).unwrap_or(0.0) >= 2.0, "{m}");
+    drop(holding);
+    assert!(eventually(Duration::from_secs(5), || metric(&proxy.metrics(), "warmpath_buffered_bytes")
+        == Some(0.0)));
+}

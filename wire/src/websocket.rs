@@ -21,6 +21,7 @@ pub mod code {
     pub const INVALID_DATA: u16 = 1007;
     pub const TOO_BIG: u16 = 1009;
     pub const RESTART: u16 = 1012;
+    pub const TRY_AGAIN_LATER: u16 = 1013;
 }
 
 /// Why the connection must close: a close code and a short reason.
@@ -189,6 +190,12 @@ impl Reader {
 
     pub fn push(&mut self, bytes: &[u8]) {
         self.decoder.push(bytes);
+    }
+
+    /// Bytes held for messages not yet whole: frames not yet complete, and the fragments of a
+    /// message not yet ended.
+    pub fn buffered(&self) -> usize {
+        self.decoder.buf.len() + self.assembler.partial.as_ref().map_or(0, |p| p.1.len())
     }
 
     /// The next whole message, `None` until one is in.

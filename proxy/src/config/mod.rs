@@ -138,6 +138,9 @@ pub struct LimitsConfig {
     /// Seconds an idle kept-alive connection stays open waiting for its next request (nginx's
     /// `keepalive_timeout`); 0 keeps it open without limit.
     pub keepalive_idle_s: u64,
+    /// MiB of request bodies and unfinished WebSocket messages the whole process holds at
+    /// most; past it requests get 503 and WebSockets close with 1013.
+    pub max_buffered_mib: usize,
 }
 
 /// A client half-closed its connection (sent FIN) while its request is answered.
@@ -161,6 +164,7 @@ impl Default for LimitsConfig {
             max_header_bytes: 32 << 10,
             client_half_close: HalfClose::Cancel,
             keepalive_idle_s: 75,
+            max_buffered_mib: 1024,
         }
     }
 }

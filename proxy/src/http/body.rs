@@ -7,6 +7,7 @@ use bytes::{Bytes, BytesMut};
 use pingora::proxy::Session;
 use warmpath_wire::openai::ApiError;
 
+use crate::limits::Held;
 use crate::pipeline::{self, Downstream};
 use crate::state::{AppState, RequestCtx};
 
@@ -18,15 +19,19 @@ pub async fn read_client_body(
 ) -> pingora::Result<Option<Bytes>> {
     let limits = &state.cfg.limits;
     let deadline = Duration::from_millis(limits.body_read_timeout_ms);
-    match read_body(session, limits.max_body_bytes, deadline).await {
+    let mut held = state.buffered.hold();
+    match read_body(session, limits.max_body_bytes, deadline, &mut held).await {
         Ok(b) => {
             state.metrics.request_bytes.observe(b.len() as f64);
+            // Held until the request ends: the body is what goes to the backend.
+            ctx.held = Some(held);
             Ok(Some(b))
         }
         Err(BodyError::Reject(e)) => {
             let reason = match e.status {
                 413 => "too_large",
                 408 => "body_timeout",
+                503 => "buffers_full",
                 _ => "bad_framing",
             };
             // The body was not read to its end: the connection cannot carry another request.
@@ -40,6 +45,12 @@ pub async fn read_client_body(
             Ok(None)
         }
     }
+}
+
+/// 503: the process holds as many bodies and messages as `[limits] max_buffered_mib` allows.
+fn buffers_full() -> ApiError {
+    ApiError::unavailable("warmpath holds as many request bodies as it may; retry shortly")
+        .with_code("server_busy")
 }
 
 /// Why the body could not be read.
@@ -90,10 +101,20 @@ pub async fn discard_small_body(session: &mut Session, deadline: Duration) {
     }
 }
 
-pub async fn read_body(session: &mut Session, limit: usize, deadline: Duration) -> Result<Bytes, BodyError> {
+/// Reads the whole body (at most `limit` bytes, within `deadline`), its bytes taken from the
+/// process's budget into `held` as they come (503 when the budget has none left).
+pub async fn read_body(
+    session: &mut Session,
+    limit: usize,
+    deadline: Duration,
+    held: &mut Held,
+) -> Result<Bytes, BodyError> {
     let declared = declared_length(session);
     if declared.is_some_and(|n| n > limit as u64) {
         return Err(BodyError::Reject(ApiError::too_large(limit)));
+    }
+    if !held.resize(declared.unwrap_or(0) as usize) {
+        return Err(BodyError::Reject(buffers_full()));
     }
     let expects_continue = session
         .req_header()
@@ -109,6 +130,9 @@ pub async fn read_body(session: &mut Session, limit: usize, deadline: Duration) 
         while let Some(chunk) = session.read_request_body().await.map_err(|e| body_error(&e))? {
             if buf.len() + chunk.len() > limit {
                 return Err(BodyError::Reject(ApiError::too_large(limit)));
+            }
+            if buf.len() + chunk.len() > held.bytes() && !held.resize(buf.len() + chunk.len()) {
+                return Err(BodyError::Reject(buffers_full()));
             }
             buf.extend_from_slice(&chunk);
         }

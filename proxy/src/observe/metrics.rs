@@ -140,6 +140,8 @@ pub struct Metrics {
     /// `limit` (`requests`, `websockets`): admissions decided by this replica's own counts
     /// because the fleet's (`limits_store = "redis"`) could not be reached.
     pub limits_fail_open: IntCounterVec,
+    /// Bytes of request bodies and unfinished WebSocket messages held.
+    pub buffered_bytes: IntGauge,
     /// `result` (`ok`, `error`): policy reloads.
     pub config_reloads: IntCounterVec,
     /// `sha256` (its first 16 hex digits): 1 for the policy file being served.
@@ -478,6 +480,15 @@ impl Metrics {
                 "Redis calls that failed (an error, or no answer within [redis] timeout_ms), by what they were for: sessions, keys, limits.",
                 &["use"],
             ),
+            buffered_bytes: {
+                let g = IntGauge::new(
+                    "warmpath_buffered_bytes",
+                    "Bytes of request bodies and unfinished WebSocket messages held ([limits] max_buffered_mib bounds them).",
+                )
+                .expect("valid metric");
+                registry.register(Box::new(g.clone())).expect("unique metric");
+                g
+            },
             config_reloads: counter(
                 "warmpath_config_reloads_total",
                 "Policy reloads (SIGHUP, POST /reload, --watch), by result: ok, or error (the old policy keeps serving).",

@@ -6,6 +6,7 @@ use std::time::Instant;
 
 use super::Pool;
 use crate::cache::Recording;
+use crate::limits::Held;
 use crate::observe::Active;
 
 #[derive(Debug)]
@@ -29,6 +30,8 @@ pub struct RequestCtx {
     pub usage: Option<(u64, u64)>,
     /// Counts the request as being served (a drain waits for none).
     _active: Active,
+    /// Its body's bytes, held against `[limits] max_buffered_mib` until the request ends.
+    pub held: Option<Held>,
 }
 
 impl RequestCtx {
@@ -45,6 +48,7 @@ impl RequestCtx {
             key: None,
             usage: None,
             _active: Active::start(),
+            held: None,
         }
     }
 }

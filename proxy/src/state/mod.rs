@@ -14,7 +14,7 @@ pub use pools::{Pool, Pools};
 
 use crate::auth::Auth;
 use crate::config::Config;
-use crate::limits::Connections;
+use crate::limits::{Buffered, Connections};
 use crate::observe::{Lifecycle, Metrics};
 use crate::route::Fleet;
 use crate::session::Store;
@@ -32,6 +32,8 @@ pub struct AppState {
     pub sessions: Arc<Store>,
     /// Open WebSocket connections (the same across reloads).
     pub ws: Arc<Connections>,
+    /// The bytes of bodies and messages held (the same across reloads).
+    pub buffered: Arc<Buffered>,
     /// API keys and their limits.
     pub auth: Arc<Auth>,
     /// Serving, draining or closing.

@@ -24,6 +24,7 @@ use tokio::time::Instant;
 use warmpath_wire::openai::ApiError;
 
 use crate::config::ResponsesMode;
+use crate::limits::Held;
 use crate::pipeline::respond::send_error;
 use crate::request::head::Head;
 use crate::responses::events::Event;
@@ -134,6 +135,7 @@ pub async fn serve(live: &Arc<Live>, session: &mut Session, ctx: &mut RequestCtx
         head: Arc::new(head),
         tenant,
         reader: Reader::new(cfg.max_message_kib as usize * 1024),
+        held: state.buffered.hold(),
         last: None,
         queue: VecDeque::new(),
         turn: None,
@@ -171,6 +173,8 @@ struct Conn {
     head: Arc<Head>,
     tenant: u64,
     reader: Reader,
+    /// The reader's bytes of messages not yet whole, against `[limits] max_buffered_mib`.
+    held: Held,
     /// The connection's latest response: continued without a store lookup.
     last: Option<Arc<Conversation>>,
     queue: VecDeque<ResponsesRequest>,
@@ -268,6 +272,14 @@ impl Conn {
         last_message: &mut Instant,
     ) -> Option<CloseCode> {
         self.reader.push(bytes);
+        // Past the process's budget for buffered messages: close (1013, try again later) rather
+        // than grow.
+        if !self.held.resize(self.reader.buffered()) {
+            self.state.metrics.rejections.with_label_values(&["buffers_full"]).inc();
+            return Some(
+                close(session, code::TRY_AGAIN_LATER, "warmpath holds too much; try again later").await,
+            );
+        }
         let mut ping: Option<Vec<u8>> = None;
         loop {
             let msg = match self.reader.next_message() {
@@ -302,6 +314,8 @@ impl Conn {
                 Message::Close(c, _) => return Some(close(session, c.unwrap_or(code::NORMAL), "").await),
             }
         }
+        // Whole messages were taken out: what is left is held.
+        self.held.resize(self.reader.buffered());
         if let Some(p) = ping {
             let pong = Bytes::from(frame::encode(frame::PONG, &p));
             if session.write_response_body(Some(pong), false).await.is_err() {
