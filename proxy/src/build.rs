@@ -148,10 +148,7 @@ fn routing_state(
             })
         });
         match kept {
-            Some(ob) => {
-                ob.set_queue(pool.queue.clone());
-                *b = ob.clone();
-            }
+            Some(ob) => *b = ob.clone(),
             // New to a running pool: it waits for the health probes (at start, every backend
             // is taken up at once, as before).
             None if previous.is_some() && cfg.health.enabled => b.await_probe(),

@@ -35,7 +35,7 @@ impl Canon {
         // every tool, less the hosted search tool the backend may not know).
         let list: &[Arc<CanonTool>] = tools.as_ref().map_or(&[], |(t, _)| t.as_slice());
         let hosted = self.rewrite && self.defer.is_some() && list.iter().any(|t| t.hosted_search);
-        let stream = req.extra_raw("stream").is_some_and(|v| v.get().trim() == "true");
+        let stream = req.streams();
         let one = req.extra_raw("n").is_none();
         let tokens = |t: &str| self.count_tokens(t);
         let plan = match &self.defer {

@@ -115,11 +115,7 @@ pub async fn run(
 /// bytes a token, and the most it may write (`max_tokens`, `max_completion_tokens`,
 /// `max_output_tokens`); its answer's usage settles the difference.
 fn estimate(req: &LlmRequest<'_>, body: &[u8]) -> u64 {
-    let most = ["max_tokens", "max_completion_tokens", "max_output_tokens"]
-        .iter()
-        .find_map(|k| req.extra_raw(k).and_then(|v| v.get().trim().parse::<u64>().ok()))
-        .unwrap_or(0);
-    (body.len() as u64).div_ceil(4) + most
+    (body.len() as u64).div_ceil(4) + req.max_output()
 }
 
 /// Runs one LLM request on pool `pool`, whatever model it names (warmpath's own calls: the
@@ -342,10 +338,7 @@ fn checks_length(pool: &Pool) -> bool {
 /// 400 `context_length_exceeded` (vLLM's and OpenAI's answer) when the prompt's `tokens` and
 /// the most the request may write cannot fit `max` tokens.
 fn too_long(req: &LlmRequest<'_>, tokens: usize, max: usize) -> Option<ApiError> {
-    let most = ["max_tokens", "max_completion_tokens", "max_output_tokens"]
-        .iter()
-        .find_map(|k| req.extra_raw(k).and_then(|v| v.get().trim().parse::<usize>().ok()))
-        .unwrap_or(0);
+    let most = req.max_output() as usize;
     if tokens + most <= max && tokens < max {
         return None;
     }

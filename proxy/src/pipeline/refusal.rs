@@ -22,7 +22,7 @@ pub(super) struct Refused {
 
 impl Refused {
     pub fn of(req: &LlmRequest<'_>) -> Refused {
-        let stream = req.extra_raw("stream").is_some_and(|v| v.get().trim() == "true");
+        let stream = req.streams();
         Refused { route: req.route, stream, model: req.model().to_owned() }
     }
 

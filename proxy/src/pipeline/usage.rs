@@ -15,7 +15,7 @@ pub fn unasked(req: &LlmRequest<'_>) -> bool {
     if !matches!(req.route, LlmRoute::Chat | LlmRoute::Completions) {
         return false;
     }
-    let streams = req.extra_raw("stream").is_some_and(|v| v.get().trim() == "true");
+    let streams = req.streams();
     let asked = req
         .extra_raw("stream_options")
         .and_then(|v| serde_json::from_str::<serde_json::Value>(v.get()).ok())

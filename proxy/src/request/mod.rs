@@ -239,6 +239,20 @@ impl<'a> LlmRequest<'a> {
     pub fn extra_str(&self, name: &str) -> Option<Cow<'a, str>> {
         serde_json::from_str::<BodyStr<'a>>(self.extra_raw(name)?.get()).ok().map(|s| s.0)
     }
+
+    /// `stream: true`.
+    pub fn streams(&self) -> bool {
+        self.extra_raw("stream").is_some_and(|v| v.get().trim() == "true")
+    }
+
+    /// The most it may write: `max_tokens`, `max_completion_tokens` or `max_output_tokens`,
+    /// whichever it sent (0 when none).
+    pub fn max_output(&self) -> u64 {
+        ["max_tokens", "max_completion_tokens", "max_output_tokens"]
+            .iter()
+            .find_map(|k| self.extra_raw(k).and_then(|v| v.get().trim().parse::<u64>().ok()))
+            .unwrap_or(0)
+    }
 }
 
 struct RequestSeed(LlmRoute);

@@ -61,9 +61,6 @@ pub struct Backend {
     health: Mutex<Health>,
     inflight_gauge: IntGauge,
     up_gauge: IntGauge,
-    /// The pool's queue, told when a slot here is freed (set again when a reload carries the
-    /// backend into a rebuilt pool).
-    queue: Mutex<Option<Arc<super::queue::Queue>>>,
 }
 
 impl Backend {
@@ -90,13 +87,7 @@ impl Backend {
             health: Mutex::new(Health::default()),
             inflight_gauge,
             up_gauge,
-            queue: Mutex::new(None),
         }
-    }
-
-    /// The queue told when a slot here is freed.
-    pub fn set_queue(&self, q: Arc<super::queue::Queue>) {
-        *self.queue.lock().unwrap_or_else(|p| p.into_inner()) = Some(q);
     }
 
     /// Added by a reload: takes no traffic until the health probes find it up.
@@ -127,7 +118,7 @@ impl Backend {
             .ok()?;
         self.inflight_gauge.inc();
         total.inc();
-        Some(InflightGuard { backend: self.clone(), total: total.clone() })
+        Some(InflightGuard { backend: self.clone(), total: total.clone(), queue: None })
     }
 
     /// A request completed without a backend fault.
@@ -242,6 +233,8 @@ impl Drop for PrefillTicket {
 pub struct InflightGuard {
     backend: Arc<Backend>,
     total: IntGauge,
+    /// The queue of the pool that gave the slot, told when it is freed.
+    pub(super) queue: Option<Arc<super::queue::Queue>>,
 }
 
 impl InflightGuard {
@@ -255,8 +248,7 @@ impl Drop for InflightGuard {
         self.backend.inflight.fetch_sub(1, Ordering::AcqRel);
         self.backend.inflight_gauge.dec();
         self.total.dec();
-        let q = self.backend.queue.lock().unwrap_or_else(|p| p.into_inner()).clone();
-        if let Some(q) = q {
+        if let Some(q) = &self.queue {
             q.slot_freed();
         }
     }

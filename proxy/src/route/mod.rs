@@ -186,9 +186,10 @@ impl Pool {
         // ask again, at most once per backend.
         for _ in 0..self.backends.len() {
             let Some(d) = self.policy.select(key, &candidates) else { break };
-            if let Some(guard) =
+            if let Some(mut guard) =
                 self.backends[d.index].try_acquire(self.max_inflight, &metrics.inflight_total)
             {
+                guard.queue = Some(self.queue.clone());
                 metrics
                     .routing_decisions
                     .with_label_values(&[&self.name, self.policy.name(), d.reason])
@@ -281,7 +282,6 @@ impl Pool {
             );
             b.kv_events = spec.kv_events.clone();
             b.kv_replay = spec.kv_replay.clone();
-            b.set_queue(queue.clone());
             built.push(Arc::new(b));
         }
         let names: Vec<&str> = built.iter().map(|b| b.name.as_str()).collect();

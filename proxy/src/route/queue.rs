@@ -5,7 +5,7 @@
 //! does not pass one waiting at its priority or above. Past `timeout` the request gets the
 //! pool's 429 with `retry-after`, as it would have at once without the queue.
 
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -37,6 +37,8 @@ pub struct Queue {
     pub timeout: Duration,
     /// Sorted: priority high to low, then arrival.
     waiting: Mutex<Vec<Waiter>>,
+    /// `waiting`'s length, read without the lock on every request (nearly always 0).
+    len: AtomicUsize,
     next: AtomicU64,
     metrics: QueueMetrics,
 }
@@ -56,7 +58,14 @@ pub struct Place<'q> {
 
 impl Queue {
     pub fn new(max: usize, timeout: Duration, metrics: QueueMetrics) -> Queue {
-        Queue { max, timeout, waiting: Mutex::new(Vec::new()), next: AtomicU64::new(0), metrics }
+        Queue {
+            max,
+            timeout,
+            waiting: Mutex::new(Vec::new()),
+            len: AtomicUsize::new(0),
+            next: AtomicU64::new(0),
+            metrics,
+        }
     }
 
     fn waiting(&self) -> std::sync::MutexGuard<'_, Vec<Waiter>> {
@@ -71,7 +80,7 @@ impl Queue {
     /// Whether a new request of `priority` may try for a slot without queueing: nobody of its
     /// priority or above is waiting.
     pub fn may_pass(&self, priority: i64) -> bool {
-        self.waiting().first().is_none_or(|w| w.priority < priority)
+        self.len.load(Ordering::Acquire) == 0 || self.waiting().first().is_none_or(|w| w.priority < priority)
     }
 
     /// Takes a place, or [`Full`].
@@ -85,12 +94,16 @@ impl Queue {
         let wake = Arc::new(Notify::new());
         let at = w.iter().position(|x| x.priority < priority).unwrap_or(w.len());
         w.insert(at, Waiter { priority, seq, wake: wake.clone() });
+        self.len.store(w.len(), Ordering::Release);
         self.metrics.depth.set(w.len() as i64);
         Ok(Place { queue: self, seq, wake, since: Instant::now() })
     }
 
     /// A slot was freed: the head looks at once.
     pub fn slot_freed(&self) {
+        if self.len.load(Ordering::Acquire) == 0 {
+            return;
+        }
         if let Some(h) = self.waiting().first() {
             h.wake.notify_one();
         }
@@ -129,6 +142,7 @@ impl Drop for Place<'_> {
         let mut w = self.queue.waiting();
         let was_head = w.first().is_some_and(|x| x.seq == self.seq);
         w.retain(|x| x.seq != self.seq);
+        self.queue.len.store(w.len(), Ordering::Release);
         self.queue.metrics.depth.set(w.len() as i64);
         // The next in line looks now (a slot may be free that this one did not take).
         if was_head {

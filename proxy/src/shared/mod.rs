@@ -236,16 +236,7 @@ impl Shared {
 
     /// Runs one command.
     pub async fn query<T: FromRedisValue>(&self, cmd: &Cmd) -> Result<T, SharedError> {
-        let work = async {
-            let mut c = self.conn().await?;
-            Ok::<T, SharedError>(cmd.query_async(&mut c).await?)
-        };
-        let r =
-            tokio::time::timeout(self.timeout, work).await.unwrap_or(Err(SharedError::Timeout(self.timeout)));
-        if let Err(e) = &r {
-            self.failed(e).await;
-        }
-        r
+        self.call(|mut c| async move { cmd.query_async(&mut c).await }).await
     }
 
     /// Runs a Lua script (by its hash; loaded first where the server lacks it).
@@ -253,12 +244,18 @@ impl Shared {
         &self,
         call: &redis::ScriptInvocation<'_>,
     ) -> Result<T, SharedError> {
-        let work = async {
-            let mut c = self.conn().await?;
-            Ok::<T, SharedError>(call.invoke_async(&mut c).await?)
-        };
+        self.call(|mut c| async move { call.invoke_async(&mut c).await }).await
+    }
+
+    /// `work` on a connection, under the timeout; a failure is looked at ([`Shared::failed`]).
+    async fn call<T, F, Fut>(&self, work: F) -> Result<T, SharedError>
+    where
+        F: FnOnce(Conn) -> Fut,
+        Fut: std::future::Future<Output = Result<T, RedisError>>,
+    {
+        let run = async { Ok::<T, SharedError>(work(self.conn().await?).await?) };
         let r =
-            tokio::time::timeout(self.timeout, work).await.unwrap_or(Err(SharedError::Timeout(self.timeout)));
+            tokio::time::timeout(self.timeout, run).await.unwrap_or(Err(SharedError::Timeout(self.timeout)));
         if let Err(e) = &r {
             self.failed(e).await;
         }
