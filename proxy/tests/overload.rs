@@ -220,6 +220,10 @@ fn bodies_and_messages_held_at_once_are_bounded_for_the_whole_process() {
     // would go past it is closed with 1013 (try again later), and the first carries on.
     let mut holding = Ws::connect(proxy.addr, &[]);
     holding.send_frame(false, 1, &vec![b'a'; 700 << 10]);
+    // (Held in full before the second one sends: which one goes past the budget is then known.)
+    assert!(eventually(Duration::from_secs(10), || {
+        metric(&proxy.metrics(), "warmpath_buffered_bytes").unwrap_or(0.0) >= (700 << 10) as f64
+    }));
     let mut second = Ws::connect(proxy.addr, &[]);
     second.send_frame(false, 1, &vec![b'b'; 700 << 10]);
     let close = loop {
