@@ -15,7 +15,7 @@ use crate::auth::{FlushLimits, WatchKeys};
 use crate::build::{self, Base};
 use crate::config::{Config, LogFormat};
 use crate::entry::WarmpathProxy;
-use crate::limits::{Buffered, Connections, WithHeaderDeadline};
+use crate::limits::{Admitted, Buffered, Connections, OpenConnections, WithHeaderDeadline};
 use crate::observe::{AdminApp, Lifecycle, Metrics};
 use crate::policy::{Policy, RunOptions};
 use crate::reload::{ReloadTriggers, Reloader};
@@ -37,6 +37,25 @@ pub fn init_logging(cfg: &Config) {
     };
 }
 
+/// Raises the open-file soft limit to the hard one (what Go's runtime does at start, and
+/// nginx's `worker_rlimit_nofile`), and warns when it stays below what `max_connections`
+/// (each with a backend connection) may need.
+fn raise_open_files(max_connections: usize) {
+    use nix::sys::resource::{getrlimit, setrlimit, Resource};
+    let Ok((mut soft, hard)) = getrlimit(Resource::RLIMIT_NOFILE) else { return };
+    if soft < hard && setrlimit(Resource::RLIMIT_NOFILE, hard, hard).is_ok() {
+        soft = hard;
+    }
+    let need = (max_connections as u64).saturating_mul(2).saturating_add(256);
+    if soft < need {
+        tracing::warn!(
+            open_files = soft,
+            max_connections,
+            "the open-file limit is below two per connection allowed: raise it (ulimit -n) or lower [limits] max_connections"
+        );
+    }
+}
+
 /// Starts everything and serves until SIGTERM (graceful) or SIGINT (fast). Never returns on
 /// success.
 pub fn run(policy: Policy, opts: RunOptions) -> anyhow::Result<()> {
@@ -55,6 +74,7 @@ pub fn run(policy: Policy, opts: RunOptions) -> anyhow::Result<()> {
                 .with_context(|| format!("cannot bind the {what} address {addr}"))?;
         }
     }
+    raise_open_files(cfg.limits.max_connections);
     let hash = crate::reload::file_hash(&std::fs::read(&opts.file).unwrap_or_default());
     let embedded = crate::embedded::start(&cfg)?;
     let mut replicas = std::collections::HashMap::new();
@@ -128,6 +148,16 @@ pub fn run(policy: Policy, opts: RunOptions) -> anyhow::Result<()> {
     let app = WithHeaderDeadline {
         inner: Arc::new(proxy),
         limit: Duration::from_millis(cfg.limits.header_read_timeout_ms),
+    };
+    let (max, probed) = (live.clone(), live.clone());
+    let app = Admitted {
+        inner: Arc::new(app),
+        open: Arc::new(OpenConnections::new(
+            metrics.connections_open.clone(),
+            metrics.connections_rejected.clone(),
+        )),
+        max: Box::new(move || max.load().cfg.limits.max_connections),
+        readiness: Box::new(move || crate::http::health::readiness(&probed.load())),
     };
     let mut api = Service::new("warmpath api".to_owned(), app);
     // The listeners, with TLS where the policy gives certificates.

@@ -241,3 +241,41 @@ fn bodies_and_messages_held_at_once_are_bounded_for_the_whole_process() {
     assert!(eventually(Duration::from_secs(5), || metric(&proxy.metrics(), "warmpath_buffered_bytes")
         == Some(0.0)));
 }
+
+#[test]
+fn connections_past_the_bound_are_shed_while_probes_and_the_admin_port_answer() {
+    let e = Engine::sim("m", &[]);
+    let proxy = Proxy::start(&policy("[limits]\nmax_connections = 2\n", "", &["m"], &[("e", e.url())]));
+    // Two kept-alive connections, each having served a request, fill the listener.
+    let held: Vec<std::net::TcpStream> = (0..2)
+        .map(|_| {
+            let mut s = std::net::TcpStream::connect(proxy.addr).expect("connect");
+            s.set_read_timeout(Some(Duration::from_secs(10))).expect("timeout");
+            std::io::Write::write_all(&mut s, b"GET /health HTTP/1.1\r\nhost: x\r\n\r\n").expect("write");
+            let mut buf = [0u8; 512];
+            let n = std::io::Read::read(&mut s, &mut buf).expect("read");
+            assert!(buf[..n].starts_with(b"HTTP/1.1 200"), "{}", String::from_utf8_lossy(&buf[..n]));
+            s
+        })
+        .collect();
+    assert!(eventually(Duration::from_secs(5), || metric(&proxy.metrics(), "warmpath_connections_open")
+        == Some(2.0)));
+    // A third: 503 in the OpenAI shape, with retry-after, before anything is routed.
+    let r = post_json(proxy.addr, "/v1/chat/completions", &chat("m", "hi", 1));
+    assert_eq!(
+        (r.status, r.json()["error"]["code"].as_str()),
+        (503, Some("too_many_connections")),
+        "{}",
+        r.text()
+    );
+    assert_eq!(r.header("retry-after"), Some("1"));
+    // A load balancer's probe is still answered: the proxy is busy, not dead.
+    assert_eq!(request(proxy.addr, "GET", "/health", &[], b"").status, 200);
+    let m = proxy.metrics();
+    assert_eq!(metric(&m, "warmpath_connections_rejected_total"), Some(2.0), "{m}");
+    // A freed slot is taken again.
+    drop(held);
+    assert!(eventually(Duration::from_secs(5), || metric(&proxy.metrics(), "warmpath_connections_open")
+        == Some(0.0)));
+    assert_eq!(post_json(proxy.addr, "/v1/chat/completions", &chat("m", "hi", 1)).status, 200);
+}

@@ -141,6 +141,9 @@ pub struct LimitsConfig {
     /// MiB of request bodies and unfinished WebSocket messages the whole process holds at
     /// most; past it requests get 503 and WebSockets close with 1013.
     pub max_buffered_mib: usize,
+    /// Open connections the API listener holds at most (WebSockets included); one more is
+    /// answered 503 `too_many_connections` and closed. The admin listener is not bounded.
+    pub max_connections: usize,
 }
 
 /// A client half-closed its connection (sent FIN) while its request is answered.
@@ -165,6 +168,7 @@ impl Default for LimitsConfig {
             client_half_close: HalfClose::Cancel,
             keepalive_idle_s: 75,
             max_buffered_mib: 1024,
+            max_connections: 10_000,
         }
     }
 }

@@ -10,14 +10,18 @@ use warmpath_wire::openai::ApiError;
 use crate::pipeline::respond::send_error;
 use crate::state::AppState;
 
-/// Answers the probe; the status sent.
-pub async fn serve(state: &AppState, session: &mut Session) -> pingora::Result<u16> {
-    let why = match state.unready().as_slice() {
+/// Why the process should not get traffic now; `None` when it should.
+pub fn readiness(state: &AppState) -> Option<String> {
+    match state.unready().as_slice() {
         _ if state.lifecycle.draining() => Some("draining: warmpath is shutting down".to_owned()),
         [] => None,
         why => Some(format!("not ready: {}", why.join("; "))),
-    };
-    if let Some(why) = why {
+    }
+}
+
+/// Answers the probe; the status sent.
+pub async fn serve(state: &AppState, session: &mut Session) -> pingora::Result<u16> {
+    if let Some(why) = readiness(state) {
         send_error(session, &ApiError::unavailable(why).with_code("not_ready"), &[]).await?;
         return Ok(503);
     }

@@ -142,6 +142,10 @@ pub struct Metrics {
     pub limits_fail_open: IntCounterVec,
     /// Bytes of request bodies and unfinished WebSocket messages held.
     pub buffered_bytes: IntGauge,
+    /// Open connections on the API listener.
+    pub connections_open: IntGauge,
+    /// Connections shed because `[limits] max_connections` were open.
+    pub connections_rejected: IntCounter,
     /// `result` (`ok`, `error`): policy reloads.
     pub config_reloads: IntCounterVec,
     /// `sha256` (its first 16 hex digits): 1 for the policy file being served.
@@ -174,25 +178,29 @@ impl Metrics {
             registry.register(Box::new(h.clone())).expect("unique metric");
             h
         };
+        let int_gauge = |name: &str, help: &str| {
+            let g = IntGauge::new(name, help).expect("valid metric");
+            registry.register(Box::new(g.clone())).expect("unique metric");
+            g
+        };
+        let int_counter = |name: &str, help: &str| {
+            let c = IntCounter::new(name, help).expect("valid metric");
+            registry.register(Box::new(c.clone())).expect("unique metric");
+            c
+        };
         let request_bytes = Histogram::with_opts(
             HistogramOpts::new("warmpath_request_body_bytes", "Request body sizes in bytes.")
                 .buckets(prometheus::exponential_buckets(256.0, 4.0, 10).expect("valid buckets")),
         )
         .expect("valid metric");
         registry.register(Box::new(request_bytes.clone())).expect("unique metric");
-        let client_disconnects = IntCounter::new(
+        let client_disconnects = int_counter(
             "warmpath_client_disconnects_total",
             "Clients that went away before their response was complete.",
-        )
-        .expect("valid metric");
-        registry.register(Box::new(client_disconnects.clone())).expect("unique metric");
-        let inflight_total = IntGauge::new("warmpath_inflight_requests", "Requests in flight in the proxy.")
-            .expect("valid metric");
-        registry.register(Box::new(inflight_total.clone())).expect("unique metric");
+        );
+        let inflight_total = int_gauge("warmpath_inflight_requests", "Requests in flight in the proxy.");
         let auth_keys =
-            IntGauge::new("warmpath_auth_keys", "API keys as last loaded (from the keys file or Redis).")
-                .expect("valid metric");
-        registry.register(Box::new(auth_keys.clone())).expect("unique metric");
+            int_gauge("warmpath_auth_keys", "API keys as last loaded (from the keys file or Redis).");
         let with_buckets = |name: &str, help: &str, labels: &[&str], buckets: Vec<f64>| {
             let h = HistogramVec::new(HistogramOpts::new(name, help).buckets(buckets), labels)
                 .expect("valid metric");
@@ -480,15 +488,9 @@ impl Metrics {
                 "Redis calls that failed (an error, or no answer within [redis] timeout_ms), by what they were for: sessions, keys, limits.",
                 &["use"],
             ),
-            buffered_bytes: {
-                let g = IntGauge::new(
-                    "warmpath_buffered_bytes",
-                    "Bytes of request bodies and unfinished WebSocket messages held ([limits] max_buffered_mib bounds them).",
-                )
-                .expect("valid metric");
-                registry.register(Box::new(g.clone())).expect("unique metric");
-                g
-            },
+            buffered_bytes: int_gauge("warmpath_buffered_bytes", "Bytes of request bodies and unfinished WebSocket messages held ([limits] max_buffered_mib bounds them)."),
+            connections_open: int_gauge("warmpath_connections_open", "Open connections on the API listener ([limits] max_connections bounds them)."),
+            connections_rejected: int_counter("warmpath_connections_rejected_total", "API connections shed (503, or a health probe answered) because [limits] max_connections were open."),
             config_reloads: counter(
                 "warmpath_config_reloads_total",
                 "Policy reloads (SIGHUP, POST /reload, --watch), by result: ok, or error (the old policy keeps serving).",
