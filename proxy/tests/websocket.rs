@@ -371,3 +371,9 @@ fn a_slow_reader_gets_backpressure_not_buffers() {
     let r = &terminal(&events)["response"];
     assert_eq!(r["usage"]["output_tokens"], 120000, "{}", r["status"]);
 }
+
+/// The framing fuzz target's corpus (`proxy/fuzz/corpus/ws_frames`), as a regression suite.
+#[test]
+fn the_framing_fuzz_corpus_runs_clean() {
+    run_fuzz_corpus("ws_frames", warmpath_wire::websocket::fuzz_check);
+}

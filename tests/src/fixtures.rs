@@ -17,6 +17,22 @@ pub fn policy(global: &str, pool_extra: &str, models: &[&str], backends: &[(&str
     s
 }
 
+/// Runs a fuzz target's check over every file of its corpus (`proxy/fuzz/corpus/NAME`), so
+/// the corpus is a regression suite without cargo-fuzz; fails naming the first file that
+/// panics, or a corpus of fewer than 10 files.
+pub fn run_fuzz_corpus(name: &str, check: fn(&[u8])) {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../proxy/fuzz/corpus").join(name);
+    let mut n = 0;
+    for entry in std::fs::read_dir(&dir).expect("the fuzz corpus is in the repository") {
+        let path = entry.expect("entry").path();
+        let data = std::fs::read(&path).expect("readable");
+        let r = std::panic::catch_unwind(|| check(&data));
+        assert!(r.is_ok(), "{} fails the fuzz check", path.display());
+        n += 1;
+    }
+    assert!(n >= 10, "only {n} files in the {name} corpus");
+}
+
 pub fn chat(model: &str, text: &str, max_tokens: u32) -> serde_json::Value {
     serde_json::json!({"model": model, "messages": [{"role": "user", "content": text}], "max_tokens": max_tokens})
 }

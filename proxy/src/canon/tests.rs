@@ -284,16 +284,7 @@ fn a_tool_that_is_not_an_object_is_a_400() {
 
 #[test]
 fn canon_corpus_runs_clean() {
-    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("fuzz/corpus/canon");
-    let mut n = 0;
-    for entry in std::fs::read_dir(&dir).expect("the fuzz corpus is in the repository") {
-        let path = entry.expect("entry").path();
-        let data = std::fs::read(&path).expect("readable");
-        let r = std::panic::catch_unwind(|| fuzz_check(&data));
-        assert!(r.is_ok(), "{} fails the fuzz check", path.display());
-        n += 1;
-    }
-    assert!(n >= 10, "only {n} corpus files");
+    warmpath_tests::run_fuzz_corpus("canon", fuzz_check);
 }
 
 /// An external model: the llama3-style fixture tokenizer (trained and checked against Hugging
