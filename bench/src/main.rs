@@ -16,6 +16,7 @@ mod report;
 mod requests;
 mod route_cost;
 mod safety;
+mod soak;
 mod spec;
 mod stats;
 mod targets;
@@ -60,6 +61,10 @@ enum Cmd {
     /// moderation service at several latencies run before or beside the backend call; output
     /// checks under each release policy.
     Safety(safety::Args),
+    /// warmpath under load while replicas crash, stall and fail, the policy is reloaded and
+    /// Redis restarts: every request and WebSocket turn sorted as its client saw it (lost and
+    /// hung must be 0), with memory and file descriptors before and after.
+    Soak(soak::Args),
 }
 
 fn main() -> anyhow::Result<()> {
@@ -74,6 +79,7 @@ fn main() -> anyhow::Result<()> {
             Cmd::ToolSearch(a) => tool_search::run(a),
             Cmd::RouteCost(a) => route_cost::run(a),
             Cmd::Safety(a) => safety::run(a).await,
+            Cmd::Soak(a) => soak::run(a).await,
         }
     }))
 }

@@ -45,17 +45,36 @@ pub fn cpu_ns(pid: u32) -> u64 {
 
 /// Resident set size of the tree under `pid`, in bytes.
 pub fn rss_bytes(pid: u32) -> u64 {
-    tree(pid)
-        .into_iter()
-        .filter_map(|p| fs::read_to_string(format!("/proc/{p}/status")).ok())
-        .filter_map(|s| {
+    tree(pid).into_iter().map(|p| status_kb(p, "VmRSS:")).sum()
+}
+
+/// A field of `/proc/PID/status` that is given in kB (`VmRSS:`, `VmHWM:`), in bytes.
+fn status_kb(pid: u32, field: &str) -> u64 {
+    fs::read_to_string(format!("/proc/{pid}/status"))
+        .ok()
+        .and_then(|s| {
             s.lines()
-                .find(|l| l.starts_with("VmRSS:"))
+                .find(|l| l.starts_with(field))
                 .and_then(|l| l.split_whitespace().nth(1))
                 .and_then(|kb| kb.parse::<u64>().ok())
         })
-        .sum::<u64>()
+        .unwrap_or(0)
         * 1024
+}
+
+/// The peak resident set of `pid` since it started, in bytes.
+pub fn peak_rss_bytes(pid: u32) -> u64 {
+    status_kb(pid, "VmHWM:")
+}
+
+/// File descriptors `pid` has open.
+pub fn open_fds(pid: u32) -> usize {
+    fs::read_dir(format!("/proc/{pid}/fd")).map(|d| d.count()).unwrap_or(0)
+}
+
+/// Threads of `pid`.
+pub fn threads(pid: u32) -> usize {
+    fs::read_dir(format!("/proc/{pid}/task")).map(|d| d.count()).unwrap_or(0)
 }
 
 #[cfg(test)]
@@ -72,5 +91,7 @@ mod tests {
         assert!(super::cpu_ns(me) > before);
         assert!(super::rss_bytes(me) > 1 << 20);
         assert_eq!(super::tree(me)[0], me);
+        assert!(super::peak_rss_bytes(me) >= super::rss_bytes(me));
+        assert!(super::open_fds(me) >= 3 && super::threads(me) >= 1);
     }
 }

@@ -8,6 +8,16 @@ use serde_json::{json, Value};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
+/// What a client connection reads next.
+#[derive(Debug)]
+pub enum Incoming {
+    Text(String),
+    /// The server's close frame and its code (none when the frame had no body).
+    Close(Option<u16>),
+    /// The connection ended without a close frame.
+    End,
+}
+
 /// A client connection (RFC 6455, client side: masked frames) and the bytes written to it.
 pub struct WsClient {
     stream: TcpStream,
@@ -51,11 +61,24 @@ impl WsClient {
 
     /// The next text message (pings answered on the way); `None` when the connection ends.
     pub async fn next_text(&mut self) -> anyhow::Result<Option<String>> {
+        Ok(match self.next_incoming().await? {
+            Incoming::Text(t) => Some(t),
+            Incoming::Close(_) | Incoming::End => None,
+        })
+    }
+
+    /// The next text message, the server's close frame (with its code), or the end of the
+    /// connection without one; pings are answered on the way.
+    pub async fn next_incoming(&mut self) -> anyhow::Result<Incoming> {
         loop {
             if let Some((op, payload)) = self.frame() {
                 match op {
-                    1 => return Ok(Some(String::from_utf8(payload)?)),
-                    8 => return Ok(None),
+                    1 => return Ok(Incoming::Text(String::from_utf8(payload)?)),
+                    8 => {
+                        return Ok(Incoming::Close(
+                            payload.get(..2).map(|c| u16::from_be_bytes([c[0], c[1]])),
+                        ))
+                    }
                     9 => {
                         let mut pong = vec![0x8A, 0x80 | payload.len() as u8, 0, 0, 0, 0];
                         pong.extend_from_slice(&payload);
@@ -68,9 +91,20 @@ impl WsClient {
             let mut chunk = [0u8; 16384];
             let n = self.stream.read(&mut chunk).await?;
             if n == 0 {
-                return Ok(None);
+                return Ok(Incoming::End);
             }
             self.buf.extend_from_slice(&chunk[..n]);
+        }
+    }
+
+    /// Closes with 1000 and waits (up to a second) for the server's close frame.
+    pub async fn close(mut self) {
+        let frame = warmpath_wire::websocket::masked(true, 0x8, &1000u16.to_be_bytes(), [1, 2, 3, 4]);
+        if self.stream.write_all(&frame).await.is_ok() {
+            let _ = tokio::time::timeout(std::time::Duration::from_secs(1), async {
+                while let Ok(Incoming::Text(_)) = self.next_incoming().await {}
+            })
+            .await;
         }
     }
 

@@ -19,6 +19,9 @@ pub struct FaultConfig {
     /// Fault: drop the connection of a streaming response after this many tokens.
     #[arg(long)]
     pub fault_die_after_tokens: Option<usize>,
+    /// Fault: the fraction of streaming responses `--fault-die-after-tokens` cuts (0–1).
+    #[arg(long, default_value_t = 1.0)]
+    pub fault_die_rate: f64,
     /// Fault: fraction of responses whose JSON (body or SSE events) is cut in half (0–1).
     #[arg(long, default_value_t = 0.0)]
     pub fault_malformed_rate: f64,
@@ -33,6 +36,7 @@ impl FaultConfig {
         for (flag, v) in [
             ("--fault-error-rate", self.fault_error_rate),
             ("--fault-malformed-rate", self.fault_malformed_rate),
+            ("--fault-die-rate", self.fault_die_rate),
         ] {
             if !(0.0..=1.0).contains(&v) {
                 return Err(format!("{flag} must be within 0..=1, got {v}"));
@@ -69,8 +73,11 @@ impl FaultInjector {
         RequestFaults {
             fail: (rng.next_f32() as f64) < self.cfg.fault_error_rate,
             delay: Duration::from_millis(self.cfg.fault_delay_ms),
-            die_after_tokens: self.cfg.fault_die_after_tokens,
             malformed: (rng.next_f32() as f64) < self.cfg.fault_malformed_rate,
+            die_after_tokens: self
+                .cfg
+                .fault_die_after_tokens
+                .filter(|_| (rng.next_f32() as f64) < self.cfg.fault_die_rate),
         }
     }
 }
@@ -89,5 +96,12 @@ mod tests {
             let d = none.draw();
             !d.fail && !d.malformed
         }));
+        let some = FaultInjector::new(FaultConfig {
+            fault_die_after_tokens: Some(4),
+            fault_die_rate: 0.1,
+            ..Default::default()
+        });
+        let cut = (0..1000).filter(|_| some.draw().die_after_tokens == Some(4)).count();
+        assert!((50..150).contains(&cut), "{cut}");
     }
 }

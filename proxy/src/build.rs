@@ -19,6 +19,7 @@ use crate::safety::{Safety, Services};
 use crate::session::Store;
 use crate::shared::Shared;
 use crate::state::{self, AppState, Pools};
+use crate::upstream::dns::Resolved;
 use crate::upstream::Upstream;
 
 /// What outlives a policy reload: the metrics registry, where the process is in its life, the
@@ -44,7 +45,14 @@ fn same<T: std::fmt::Debug>(a: &T, b: &T) -> bool {
 /// routing state — whole where its routing settings are unchanged (prefix index, health,
 /// ejections, load, queue), else each backend that is still there by name and address (health,
 /// ejections, in-flight counts); a backend new to the pool takes traffic once probed.
-pub fn state(base: &Base, policy: Policy, previous: Option<&AppState>) -> Result<Arc<AppState>, String> {
+/// `resolved`: the addresses of the names the policy gives (`Resolved::lookup`); a backend
+/// whose address changed is a new backend.
+pub fn state(
+    base: &Base,
+    policy: Policy,
+    resolved: Arc<Resolved>,
+    previous: Option<&AppState>,
+) -> Result<Arc<AppState>, String> {
     let cfg = policy.cfg.clone();
     let up = &cfg.upstream;
     let upstream = match previous.filter(|p| same(&p.cfg.upstream, up)) {
@@ -74,7 +82,7 @@ pub fn state(base: &Base, policy: Policy, previous: Option<&AppState>) -> Result
         None => Arc::new(Auth::new(&cfg.auth, redis.as_ref(), &base.metrics)?),
     };
     let late = LateState::default();
-    let pools = build_pools(policy, base, &upstream, &late, previous)?;
+    let pools = build_pools(policy, base, &upstream, &resolved, &late, previous)?;
     let fleet = Arc::new(Fleet::new(pools.iter().map(|p| p.route.clone()).collect()));
     let state = Arc::new(AppState {
         cfg,
@@ -82,6 +90,7 @@ pub fn state(base: &Base, policy: Policy, previous: Option<&AppState>) -> Result
         fleet,
         metrics: base.metrics.clone(),
         upstream,
+        resolved,
         sessions,
         ws: base.ws.clone(),
         buffered: base.buffered.clone(),
@@ -132,7 +141,13 @@ fn routing_state(
         ))
     });
     if let Some((old, route, _)) = &before {
-        if *old == routing(pc, cfg) {
+        let same_backends = route.backends.len() == specs.len()
+            && route
+                .backends
+                .iter()
+                .zip(specs)
+                .all(|(b, s)| b.name == s.name && b.peer.addr() == Some(s.addr));
+        if *old == routing(pc, cfg) && same_backends {
             return Ok(route.clone());
         }
     }
@@ -144,7 +159,7 @@ fn routing_state(
                 ob.name == spec.name
                     && ob.weight == spec.weight
                     && ob.kv_events == spec.kv_events
-                    && ob.peer.is(&spec.url, spec.api_key.as_deref())
+                    && ob.peer.is(&spec.url, spec.addr, spec.api_key.as_deref())
             })
         });
         match kept {
@@ -164,6 +179,7 @@ fn build_pools(
     policy: Policy,
     base: &Base,
     upstream: &Arc<Upstream>,
+    resolved: &Arc<Resolved>,
     late: &LateState,
     previous: Option<&AppState>,
 ) -> Result<Pools, String> {
@@ -176,7 +192,13 @@ fn build_pools(
                 replicas.iter().enumerate().map(|(r, rep)| replica_spec(&pc.name, r, rep)).collect()
             }
             (Some(_), None) => return Err(format!("pools[{i}]: embedded replicas were not started for it")),
-            (None, _) => pc.backends.iter().map(BackendSpec::from).collect(),
+            (None, _) => {
+                let mut specs = Vec::new();
+                for b in &pc.backends {
+                    specs.extend(BackendSpec::of(b, resolved).map_err(|e| format!("pools[{i}]: {e}"))?);
+                }
+                specs
+            }
         };
         let canon = Canon::new(&pc.canon, &pc.tools, pc.embedded.is_some(), external);
         let enc = canon.encoder();
@@ -196,9 +218,14 @@ fn build_pools(
             tenants: pc.tenants,
             route_headers: pc.route_headers,
             max_model_len: pc.max_model_len.or(pc.embedded.as_ref().map(|e| e.max_model_len)),
-            safety: Safety::from_config(&pc.safety, &pc.name, metrics, &services(pc, cfg, upstream, late))
-                .map_err(|e| format!("pools[{i}].safety: {e}"))?
-                .map(Arc::new),
+            safety: Safety::from_config(
+                &pc.safety,
+                &pc.name,
+                metrics,
+                &services(pc, cfg, upstream, resolved, late),
+            )
+            .map_err(|e| format!("pools[{i}].safety: {e}"))?
+            .map(Arc::new),
         };
         pools.push((pool, pc.models.clone()));
     }
@@ -206,12 +233,23 @@ fn build_pools(
 }
 
 /// What pool `pc`'s checks call: the shared connector, and its guard model's pool.
-fn services(pc: &PoolConfig, cfg: &Config, upstream: &Arc<Upstream>, late: &LateState) -> Services {
+fn services(
+    pc: &PoolConfig,
+    cfg: &Config,
+    upstream: &Arc<Upstream>,
+    resolved: &Arc<Resolved>,
+    late: &LateState,
+) -> Services {
     let guard = pc.safety.guard_model.as_ref().map(|g| {
         Arc::new(PoolCompleter { state: late.clone(), pool: g.pool.clone() })
             as Arc<dyn crate::safety::guard::Complete>
     });
-    Services { upstream: upstream.clone(), upstream_cfg: cfg.upstream.clone(), guard }
+    Services {
+        upstream: upstream.clone(),
+        upstream_cfg: cfg.upstream.clone(),
+        resolved: resolved.clone(),
+        guard,
+    }
 }
 
 /// A bundled replica as a backend of pool `pool`: named `{pool}-{r}`.
@@ -225,9 +263,78 @@ fn replica_spec(pool: &str, r: usize, rep: &Replica) -> BackendSpec {
     BackendSpec {
         name: format!("{pool}-{r}"),
         url,
+        addr: rep.addr,
         weight: 1,
         kv_events: rep.kv_events.clone(),
         kv_replay: rep.kv_replay.clone(),
         api_key: None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::net::SocketAddr;
+
+    use super::*;
+    use crate::config::Source;
+    use crate::upstream::dns::Resolve;
+
+    fn base() -> Base {
+        let metrics = Metrics::new();
+        Base {
+            lifecycle: Arc::new(Lifecycle::default()),
+            ws: Arc::new(Connections::new(metrics.ws_connections.with_label_values(&["api"]))),
+            buffered: Buffered::new(1 << 20, metrics.buffered_bytes.clone()),
+            replicas: HashMap::new(),
+            metrics,
+        }
+    }
+
+    /// A headless Service `svc.test` whose pods are `ips`.
+    fn pods(ips: &[&str]) -> Arc<Resolved> {
+        let addrs: Vec<SocketAddr> =
+            ips.iter().map(|ip| format!("{ip}:8000").parse().expect("addr")).collect();
+        let resolve: Resolve = Arc::new(move |_, _| Ok(addrs.clone()));
+        let policy = policy();
+        Arc::new(Resolved::lookup(&policy.cfg, None, &resolve).expect("resolves").0)
+    }
+
+    fn policy() -> Policy {
+        let text = r#"
+[[pools]]
+name = "p"
+models = ["*"]
+policy = "cache_aware"
+[[pools.backends]]
+name = "svc"
+url = "http://svc.test:8000"
+expand = true
+"#;
+        Policy::parse(&Source { file: "t.toml".into(), text: text.into() }).expect("policy")
+    }
+
+    #[test]
+    fn a_name_expands_into_backends_that_follow_its_addresses() {
+        let base = base();
+        let first = state(&base, policy(), pods(&["10.0.0.1", "10.0.0.2"]), None).expect("state");
+        let route = |s: &AppState| s.pools.named("p").expect("pool").route.clone();
+        let names = |s: &AppState| route(s).backends.iter().map(|b| b.name.clone()).collect::<Vec<_>>();
+        assert_eq!(names(&first), ["svc@10.0.0.1", "svc@10.0.0.2"]);
+        let old = route(&first);
+        assert_eq!(old.backends[1].peer.addr(), Some("10.0.0.2:8000".parse().expect("addr")));
+
+        // The same addresses: the routing state is kept whole.
+        let same = state(&base, policy(), pods(&["10.0.0.2", "10.0.0.1"]), Some(&first)).expect("state");
+        assert!(Arc::ptr_eq(&route(&same), &old));
+
+        // One pod replaced: the one that stayed keeps its backend (health, load), the new one
+        // waits for its probe, the gone one is dropped.
+        let moved = state(&base, policy(), pods(&["10.0.0.2", "10.0.0.3"]), Some(&first)).expect("state");
+        assert_eq!(names(&moved), ["svc@10.0.0.2", "svc@10.0.0.3"]);
+        let now = route(&moved);
+        assert!(Arc::ptr_eq(&now.backends[0], &old.backends[1]), "the pod that stayed keeps its state");
+        let t = std::time::Instant::now();
+        assert!(now.backends[0].is_up(t));
+        assert!(!now.backends[1].is_up(t), "a new pod takes traffic once probed");
     }
 }

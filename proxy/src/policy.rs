@@ -10,7 +10,7 @@ use crate::config::{Config, ConfigError, Invalid, PathSeg, Source};
 
 /// A policy file with everything loaded from the files it names (each pool's tokenizer and
 /// chat template), so that a file that would fail at start-up fails here, at its key.
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 pub struct Policy {
     pub cfg: Config,
     /// Per pool, its external tokenizer and template.

@@ -12,6 +12,11 @@
 //! (`warmpath --upgrade` does it without a refused connection). `[log]` is read at start: a
 //! change to it is reloaded with the rest and takes effect at the next start (the answer says
 //! so).
+//!
+//! The same rebuild follows the backends' host names ([`DnsRefresh`]): every `[upstream]
+//! dns_refresh_s` they are looked up again, and when an address changed the policy in memory
+//! (not the file, which may hold edits not yet meant to apply) is built again over the new
+//! addresses; backends whose address did not change keep their state.
 
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
@@ -25,6 +30,7 @@ use crate::observe::Reload;
 use crate::policy::Policy;
 use crate::policy::RunOptions;
 use crate::state::Live;
+use crate::upstream::dns::{Resolve, Resolved};
 
 pub struct Reloader {
     live: Arc<Live>,
@@ -35,6 +41,10 @@ pub struct Reloader {
     busy: tokio::sync::Mutex<()>,
     /// The loaded file's hash, as `warmpath_config_info` shows it.
     hash: Mutex<String>,
+    /// The policy being served (with the command line's overrides), for rebuilds on new
+    /// addresses.
+    policy: Mutex<Policy>,
+    resolve: Resolve,
 }
 
 /// The first 16 hex digits of the SHA-256 of the file's bytes.
@@ -44,10 +54,60 @@ pub fn file_hash(bytes: &[u8]) -> String {
 }
 
 impl Reloader {
-    /// `base` and the state in `live` were built from `opts.file`, whose bytes hash to `hash`.
-    pub fn new(live: Arc<Live>, base: Base, opts: RunOptions, hash: String) -> Reloader {
+    /// `base` and the state in `live` were built from `policy`, loaded from `opts.file`, whose
+    /// bytes hash to `hash`; names are looked up with `resolve`.
+    pub fn new(
+        live: Arc<Live>,
+        base: Base,
+        opts: RunOptions,
+        hash: String,
+        policy: Policy,
+        resolve: Resolve,
+    ) -> Reloader {
         base.metrics.config_info.with_label_values(&[&hash]).set(1);
-        Reloader { live, base, opts, busy: tokio::sync::Mutex::new(()), hash: Mutex::new(hash) }
+        Reloader {
+            live,
+            base,
+            opts,
+            busy: tokio::sync::Mutex::new(()),
+            hash: Mutex::new(hash),
+            policy: Mutex::new(policy),
+            resolve,
+        }
+    }
+
+    /// Looks the names of `cfg` up off the async threads, counting the lookups.
+    async fn lookup(&self, cfg: &Config, previous: Arc<Resolved>) -> Result<Resolved, String> {
+        let (cfg, resolve) = (cfg.clone(), self.resolve.clone());
+        let (resolved, done) =
+            tokio::task::spawn_blocking(move || Resolved::lookup(&cfg, Some(&previous), &resolve))
+                .await
+                .map_err(|e| format!("the lookup stopped: {e}"))??;
+        let m = &self.base.metrics.dns_lookups;
+        m.with_label_values(&["ok"]).inc_by(done.ok as u64);
+        m.with_label_values(&["error"]).inc_by(done.failed.len() as u64);
+        if !done.failed.is_empty() {
+            tracing::warn!(failed = ?done.failed, "backend names did not resolve; their last addresses are kept");
+        }
+        Ok(resolved)
+    }
+
+    /// Looks the served policy's names up again; where an address changed, builds the state
+    /// anew over the new addresses. `Ok(None)`: nothing changed.
+    pub async fn refresh_addresses(&self) -> Result<Option<Vec<String>>, String> {
+        let _one = self.busy.lock().await;
+        let old = self.live.load();
+        let resolved = self.lookup(&old.cfg, old.resolved.clone()).await?;
+        let changed = resolved.changed(&old.resolved);
+        if changed.is_empty() {
+            return Ok(None);
+        }
+        let policy = self.policy.lock().unwrap_or_else(|p| p.into_inner()).clone();
+        let new = build::state(&self.base, policy, Arc::new(resolved), Some(&old))?;
+        self.live.swap(new);
+        self.base.metrics.dns_updates.inc();
+        tracing::info!(names = ?changed, "backend addresses changed: backends rebuilt");
+        Ok(Some(changed))
     }
 
     fn file(&self) -> &PathBuf {
@@ -67,7 +127,8 @@ impl Reloader {
         self.opts.apply(&mut policy.cfg);
         let old = self.live.load();
         unchangeable(&old.cfg, &policy.cfg)?;
-        let new = build::state(&self.base, policy, Some(&old))?;
+        let resolved = self.lookup(&policy.cfg, old.resolved.clone()).await?;
+        let new = build::state(&self.base, policy.clone(), Arc::new(resolved), Some(&old))?;
         let kept: Vec<&str> = new
             .pools
             .iter()
@@ -90,6 +151,7 @@ impl Reloader {
             }
         }
         self.live.swap(new);
+        *self.policy.lock().unwrap_or_else(|p| p.into_inner()) = policy;
         let mut h = self.hash.lock().unwrap_or_else(|p| p.into_inner());
         let info = &self.base.metrics.config_info;
         let _ = info.remove_label_values(&[h.as_str()]);
@@ -181,6 +243,36 @@ impl pingora::services::background::BackgroundService for ReloadTriggers {
                     }
                 }
                 _ = shutdown.changed() => return,
+            }
+        }
+    }
+}
+
+/// Looks the backends' names up again every `[upstream] dns_refresh_s` (read at each round, so
+/// a reload changes it) and rebuilds the fleet where an address changed. A policy of IP
+/// literals (the embedded pools) has nothing to look up and is left alone.
+pub struct DnsRefresh {
+    pub reloader: Arc<Reloader>,
+}
+
+#[async_trait]
+impl pingora::services::background::BackgroundService for DnsRefresh {
+    async fn start(&self, mut shutdown: pingora::server::ShutdownWatch) {
+        loop {
+            let every = self.reloader.live.load().cfg.upstream.dns_refresh_s;
+            // Off (0): look again now and then whether a reload turned it on.
+            let wait = Duration::from_secs(if every == 0 { 30 } else { every });
+            tokio::select! {
+                _ = tokio::time::sleep(wait) => {}
+                _ = shutdown.changed() => return,
+            }
+            let state = self.reloader.live.load();
+            if every == 0 || state.cfg.upstream.dns_refresh_s == 0 || !state.resolved.has_names() {
+                continue;
+            }
+            drop(state);
+            if let Err(e) = self.reloader.refresh_addresses().await {
+                tracing::error!(error = %e, "backends not rebuilt on their new addresses");
             }
         }
     }

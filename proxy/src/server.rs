@@ -18,13 +18,14 @@ use crate::entry::WarmpathProxy;
 use crate::limits::{Admitted, Buffered, Connections, OpenConnections, WithHeaderDeadline};
 use crate::observe::{AdminApp, Lifecycle, Metrics};
 use crate::policy::{Policy, RunOptions};
-use crate::reload::{ReloadTriggers, Reloader};
+use crate::reload::{DnsRefresh, ReloadTriggers, Reloader};
 use crate::route::events::EventFeeds;
 use crate::route::health::HealthChecker;
 use crate::route::load::LoadScraper;
 use crate::shutdown::Handover;
 use crate::state::Live;
 use crate::tls::{ReloadingCert, WatchCerts};
+use crate::upstream::dns::Resolved;
 
 /// Installs the `tracing` subscriber the policy file asks for (`RUST_LOG` wins).
 pub fn init_logging(cfg: &Config) {
@@ -114,9 +115,11 @@ pub fn run(policy: Policy, opts: RunOptions) -> anyhow::Result<()> {
     server.bootstrap();
     handover.claim().with_context(|| format!("cannot write {}", handover.pid_file))?;
 
-    let state = build::state(&base, policy, None).map_err(anyhow::Error::msg)?;
+    let resolve = crate::upstream::dns::system();
+    let (resolved, _) = Resolved::lookup(&policy.cfg, None, &resolve).map_err(anyhow::Error::msg)?;
+    let state = build::state(&base, policy.clone(), Arc::new(resolved), None).map_err(anyhow::Error::msg)?;
     let live = Arc::new(Live::new(state.clone()));
-    let reloader = Arc::new(Reloader::new(live.clone(), base, opts.clone(), hash));
+    let reloader = Arc::new(Reloader::new(live.clone(), base, opts.clone(), hash, policy, resolve));
     let current = |live: &Arc<Live>| live.clone() as Arc<dyn crate::route::Current>;
     let keys_live = live.clone();
     let keys = background_service(
@@ -141,6 +144,7 @@ pub fn run(policy: Policy, opts: RunOptions) -> anyhow::Result<()> {
         "warmpath reload",
         ReloadTriggers { reloader: reloader.clone(), watch: opts.watch },
     );
+    let dns = background_service("warmpath dns", DnsRefresh { reloader: reloader.clone() });
     let lifecycle = state.lifecycle.clone();
     let metrics = state.metrics.clone();
     drop(state);
@@ -212,6 +216,7 @@ pub fn run(policy: Policy, opts: RunOptions) -> anyhow::Result<()> {
     server.add_service(keys);
     server.add_service(limits);
     server.add_service(triggers);
+    server.add_service(dns);
     server.add_service(certs);
 
     let listen = cfg.server.listen;

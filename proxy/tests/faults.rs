@@ -209,6 +209,35 @@ fn failing_backends_are_ejected_with_growing_times_and_readmitted() {
 }
 
 #[test]
+fn ejection_never_empties_a_pool_whose_backends_pass_their_probes() {
+    // Both answer half their requests with 500: each is soon ejected for a minute, but both
+    // pass their probes, so the pool keeps serving (panic routing) instead of a 503 for all.
+    let a = Engine::sim("m", &["--fault-error-rate", "0.5"]);
+    let b = Engine::sim("m", &["--fault-error-rate", "0.5"]);
+    let p = policy(
+        "[health]
+interval_ms = 100
+eject_after_failures = 1
+base_ejection_ms = 60000
+[retry]
+max_attempts = 1
+",
+        "",
+        &["m"],
+        &[("a", a.url()), ("b", b.url())],
+    );
+    let proxy = Proxy::start(&p);
+    let statuses: Vec<u16> =
+        (0..30).map(|_| post_json(proxy.addr, "/v1/chat/completions", &chat("m", "hi", 1)).status).collect();
+    let m = proxy.metrics();
+    assert_eq!(metric_sum(&m, "warmpath_backend_ejections_total"), 2.0, "both ejected once: {m}");
+    assert!(metric_sum(&m, "warmpath_ejection_overrides_total") > 0.0, "{m}");
+    assert!(!statuses.contains(&503), "no request refused for want of a backend: {statuses:?}");
+    assert!(statuses.iter().filter(|s| **s == 200).count() >= 5, "{statuses:?}");
+    assert_eq!(get(proxy.admin, "/readyz").status, 200, "ready: the backends answer their probes");
+}
+
+#[test]
 fn active_health_checks_take_a_dead_backend_out_and_bring_it_back() {
     let mut a = Engine::sim("m", &[]);
     let b = Engine::sim("m", &[]);

@@ -1,6 +1,7 @@
 //! warmpath's life as an operator sees it: SIGTERM drains (at once when idle, streams finishing
 //! within the grace period, the rest ended with an error event after it), SIGKILL takes the
-//! embedded engines with it, `/health` on the API port, idle kept-alive connections closed.
+//! embedded engines with it, `/health` on the API port, idle kept-alive connections closed, a
+//! successor taking the sockets over (`--upgrade`) while requests and a WebSocket turn run.
 
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
@@ -162,7 +163,20 @@ fn a_successor_takes_the_sockets_over_without_a_failed_request() {
         })
     };
     std::thread::sleep(Duration::from_millis(300));
+    // A WebSocket with a turn in flight on the old process: the turn finishes there, then the
+    // connection is closed with 1012 (restart) and the client reconnects to the successor.
+    let mut ws = Ws::connect(addr, &[]);
+    ws.send_json(&serde_json::json!({"type": "response.create", "model": "m", "input": "hi", "max_output_tokens": 400}));
+    assert_eq!(ws.next_event().expect("the turn started")["type"], "response.created");
     let mut new = old.successor();
+    let events = ws.turn();
+    let last = events.last().expect("events")["type"].as_str().unwrap_or("").to_owned();
+    assert!(
+        last == "response.completed" || last == "response.incomplete",
+        "the turn in flight finished: {last}"
+    );
+    let close = std::iter::from_fn(|| ws.read_frame()).find(|f| f.opcode == 8).and_then(|f| f.close_code());
+    assert_eq!(close, Some(1012), "then the old process closes it: restart");
     let status = exited(&mut old.child, Duration::from_secs(20));
     assert!(
         status.is_some_and(|s| s.success()),
@@ -181,8 +195,14 @@ fn a_successor_takes_the_sockets_over_without_a_failed_request() {
         new.log.text()
     );
     assert!(statuses.len() > 20, "{} requests", statuses.len());
-    // The successor serves, and holds the pid file now.
+    // The successor serves, WebSockets too, and holds the pid file now.
     assert_eq!(get(addr, "/health").status, 200);
+    let mut again = Ws::connect(addr, &[]);
+    again.send_json(
+        &serde_json::json!({"type": "response.create", "model": "m", "input": "hi", "max_output_tokens": 2}),
+    );
+    let last = again.turn().last().expect("events")["type"].as_str().unwrap_or("").to_owned();
+    assert!(last == "response.completed" || last == "response.incomplete", "{last}");
     let pid_file = std::env::temp_dir().join(format!("warmpath-{}.pid", addr.port()));
     assert_eq!(std::fs::read_to_string(pid_file).expect("pid file").trim(), new.child.id().to_string());
     assert!(exited(&mut new.child, Duration::from_millis(10)).is_none(), "the successor runs");

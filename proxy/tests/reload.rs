@@ -150,3 +150,29 @@ fn watch_reloads_on_change_and_a_websocket_stays_open() {
     });
     assert!(served, "{}", proxy.log.text());
 }
+
+#[test]
+fn a_host_name_expands_into_backends_and_is_looked_up_again() {
+    let e = Engine::sim("m", &[]);
+    let url = e.url().replace("127.0.0.1", "localhost");
+    let proxy = Proxy::start(&format!(
+        "[upstream]\ndns_refresh_s = 1\n[health]\ninterval_ms = 100\n\n[[pools]]\nname = \"main\"\nmodels = [\"m\"]\n\
+         route_headers = true\n[[pools.backends]]\nname = \"svc\"\nurl = {url:?}\nexpand = true\n"
+    ));
+    // One backend per address of the name (`localhost` may also give ::1, where nothing
+    // listens: that one is found down and skipped).
+    let r = post_json(proxy.addr, "/v1/chat/completions", &chat("m", "hi", 1));
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert_eq!(r.header("x-warmpath-backend"), Some("svc@127.0.0.1"));
+    let up = r#"warmpath_backend_up{backend="svc@127.0.0.1",pool="main"}"#;
+    assert_eq!(metric(&proxy.metrics(), up), Some(1.0));
+    // The name is looked up again every second; the same addresses change nothing.
+    let ok = r#"warmpath_dns_lookups_total{result="ok"}"#;
+    assert!(
+        eventually(Duration::from_secs(10), || metric(&proxy.metrics(), ok).is_some_and(|n| n >= 2.0)),
+        "{}",
+        proxy.metrics()
+    );
+    assert_eq!(metric(&proxy.metrics(), "warmpath_dns_updates_total"), Some(0.0));
+    assert_eq!(post_json(proxy.addr, "/v1/chat/completions", &chat("m", "hi", 1)).status, 200);
+}

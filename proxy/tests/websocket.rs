@@ -6,6 +6,7 @@ use std::time::Duration;
 
 use serde_json::{json, Value};
 use warmpath_tests::*;
+use warmpath_wire::websocket::masked;
 
 fn kinds(events: &[Value]) -> Vec<&str> {
     events.iter().filter_map(|e| e["type"].as_str()).collect()
@@ -376,4 +377,185 @@ fn a_slow_reader_gets_backpressure_not_buffers() {
 #[test]
 fn the_framing_fuzz_corpus_runs_clean() {
     run_fuzz_corpus("ws_frames", warmpath_wire::websocket::fuzz_check);
+}
+
+/// What one abusive (or well-behaved) client does, and how its connection must end: with a
+/// close code, at the end of the stream (a half-closed socket), or not at all (it keeps
+/// serving turns).
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum Abuse {
+    FragmentFlood,
+    OversizedFrame,
+    OversizedControlFrame,
+    InvalidUtf8,
+    Unmasked,
+    ReservedBits,
+    UnknownOpcode,
+    Binary,
+    CloseHandshake,
+    HalfClosed,
+    PingFlood,
+    WellBehaved,
+}
+
+impl Abuse {
+    const ALL: [Abuse; 12] = [
+        Abuse::FragmentFlood,
+        Abuse::OversizedFrame,
+        Abuse::OversizedControlFrame,
+        Abuse::InvalidUtf8,
+        Abuse::Unmasked,
+        Abuse::ReservedBits,
+        Abuse::UnknownOpcode,
+        Abuse::Binary,
+        Abuse::CloseHandshake,
+        Abuse::HalfClosed,
+        Abuse::PingFlood,
+        Abuse::WellBehaved,
+    ];
+
+    /// The close code it must get; `None`: the connection stays open.
+    fn expected(self) -> Option<u16> {
+        match self {
+            Abuse::FragmentFlood | Abuse::OversizedFrame => Some(1009),
+            Abuse::OversizedControlFrame | Abuse::Unmasked | Abuse::ReservedBits | Abuse::UnknownOpcode => {
+                Some(1002)
+            }
+            Abuse::InvalidUtf8 => Some(1007),
+            Abuse::Binary => Some(1003),
+            Abuse::CloseHandshake => Some(1000),
+            Abuse::HalfClosed | Abuse::PingFlood | Abuse::WellBehaved => None,
+        }
+    }
+
+    fn send(self, ws: &mut Ws) {
+        use std::io::Write;
+        let turn = json!({"type": "response.create", "model": "m", "input": "hi", "max_output_tokens": 2});
+        let mut raw = Vec::new();
+        match self {
+            // 80 fragments of 1 KiB, never finished: past max_message_kib (64).
+            Abuse::FragmentFlood => {
+                raw.extend(masked(false, 1, &[b'a'; 1024], [1, 2, 3, 4]));
+                for _ in 0..79 {
+                    raw.extend(masked(false, 0, &[b'a'; 1024], [1, 2, 3, 4]));
+                }
+            }
+            // A header that declares 1 GiB: refused before any of it arrives.
+            Abuse::OversizedFrame => raw.extend([0x81, 0xFF, 0, 0, 0, 0, 0x40, 0, 0, 0, 1, 2, 3, 4]),
+            Abuse::OversizedControlFrame => raw.extend(masked(true, 9, &[0; 126], [1, 2, 3, 4])),
+            Abuse::InvalidUtf8 => raw.extend(masked(true, 1, b"\xce\xba\xed\xa0\x80", [1, 2, 3, 4])),
+            Abuse::Unmasked => raw.extend([0x81, 0x02, b'h', b'i']),
+            Abuse::ReservedBits => {
+                let mut f = masked(true, 1, b"{}", [1, 2, 3, 4]);
+                f[0] |= 0x40;
+                raw.extend(f);
+            }
+            Abuse::UnknownOpcode => raw.extend(masked(true, 0x3, b"x", [1, 2, 3, 4])),
+            Abuse::Binary => raw.extend(masked(true, 2, b"{}", [1, 2, 3, 4])),
+            Abuse::CloseHandshake => raw.extend(masked(true, 8, &[0x03, 0xe8], [1, 2, 3, 4])),
+            Abuse::HalfClosed => {
+                ws.send_json(&turn);
+                ws.stream.shutdown(std::net::Shutdown::Write).expect("half-close");
+                return;
+            }
+            Abuse::PingFlood => {
+                for i in 0..300u32 {
+                    raw.extend(masked(true, 9, &i.to_be_bytes(), [1, 2, 3, 4]));
+                }
+                raw.extend(masked(true, 1, turn.to_string().as_bytes(), [5, 6, 7, 8]));
+            }
+            Abuse::WellBehaved => raw.extend(masked(true, 1, turn.to_string().as_bytes(), [5, 6, 7, 8])),
+        }
+        ws.stream.write_all(&raw).expect("write");
+    }
+}
+
+/// How a connection came out: its close code, `Ended` without one, or a finished turn.
+#[derive(Debug, PartialEq)]
+enum End {
+    Closed(Option<u16>),
+    Ended,
+    Turn,
+}
+
+fn outcome(ws: &mut Ws) -> End {
+    loop {
+        match ws.read_frame() {
+            Some(f) if f.opcode == 8 => return End::Closed(f.close_code()),
+            Some(f) if f.opcode == 1 => {
+                let t = f.json()["type"].as_str().unwrap_or("").to_owned();
+                if t == "response.completed" || t == "response.incomplete" {
+                    return End::Turn;
+                }
+            }
+            Some(_) => continue,
+            None => return End::Ended,
+        }
+    }
+}
+
+#[test]
+fn abuse_on_a_thousand_connections_closes_each_with_its_code_and_disturbs_none() {
+    let e = Engine::sim("m", &[]);
+    let proxy = Proxy::start(&policy("[websocket]\nmax_message_kib = 64\n", "", &["m"], &[("e0", e.url())]));
+    let mut conns: Vec<(Abuse, Ws)> =
+        (0..1000).map(|i| (Abuse::ALL[i % Abuse::ALL.len()], Ws::connect(proxy.addr, &[]))).collect();
+    assert!(eventually(Duration::from_secs(10), || {
+        metric(&proxy.metrics(), "warmpath_websocket_connections{listener=\"api\"}") == Some(1000.0)
+    }));
+    for (abuse, ws) in conns.iter_mut() {
+        abuse.send(ws);
+    }
+    let mut wrong = Vec::new();
+    for (i, (abuse, ws)) in conns.iter_mut().enumerate() {
+        let got = outcome(ws);
+        let ok = match (abuse.expected(), &got) {
+            (Some(code), End::Closed(c)) => *c == Some(code),
+            // A client's FIN without a close frame ends the connection (RFC 6455 7.1.5: closed
+            // abnormally, 1006, which is never sent); its turn is abandoned.
+            (None, End::Ended) => abuse == &Abuse::HalfClosed,
+            (None, End::Turn) => abuse != &Abuse::HalfClosed,
+            _ => false,
+        };
+        if !ok {
+            wrong.push(format!("#{i} {abuse:?}: {got:?}"));
+        }
+    }
+    assert!(
+        wrong.is_empty(),
+        "{} connections ended wrongly: {:?}",
+        wrong.len(),
+        &wrong[..wrong.len().min(10)]
+    );
+    // The ping-flooded and well-behaved ones serve another turn, undisturbed by their
+    // neighbours.
+    for (abuse, ws) in conns.iter_mut() {
+        match abuse {
+            Abuse::PingFlood | Abuse::WellBehaved => {
+                ws.send_json(&json!({"type": "response.create", "model": "m", "input": "again", "max_output_tokens": 2}));
+                assert_eq!(outcome(ws), End::Turn);
+            }
+            _ => {}
+        }
+    }
+    let open = conns.iter().filter(|(a, _)| matches!(a, Abuse::PingFlood | Abuse::WellBehaved)).count();
+    assert!(
+        eventually(Duration::from_secs(10), || {
+            metric(&proxy.metrics(), "warmpath_websocket_connections{listener=\"api\"}") == Some(open as f64)
+        }),
+        "{}",
+        proxy.metrics()
+    );
+    drop(conns);
+    assert!(eventually(Duration::from_secs(10), || {
+        metric(&proxy.metrics(), "warmpath_websocket_connections{listener=\"api\"}") == Some(0.0)
+    }));
+    // Nothing left in flight: the abandoned turns freed their backend slots.
+    assert!(
+        eventually(Duration::from_secs(10), || {
+            metric(&proxy.metrics(), "warmpath_inflight_requests") == Some(0.0)
+        }),
+        "{}",
+        proxy.metrics()
+    );
 }

@@ -193,6 +193,9 @@ pub struct UpstreamConfig {
     /// `https://` backends that ask for a client certificate (mTLS): warmpath's, and its key.
     pub client_cert_file: Option<PathBuf>,
     pub client_key_file: Option<PathBuf>,
+    /// Backends' host names are looked up again this often (seconds; 0: once, when the policy
+    /// is loaded). The system resolver gives no TTL: this stands for it.
+    pub dns_refresh_s: u64,
 }
 
 impl Default for UpstreamConfig {
@@ -205,6 +208,7 @@ impl Default for UpstreamConfig {
             ca_file: None,
             client_cert_file: None,
             client_key_file: None,
+            dns_refresh_s: 30,
         }
     }
 }

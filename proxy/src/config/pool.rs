@@ -265,6 +265,11 @@ pub struct BackendConfig {
     /// the policy file).
     #[serde(default)]
     pub api_key_env: Option<String>,
+    /// One backend per address the URL's host name resolves to (a headless Service's pods),
+    /// named `NAME@ADDRESS`, following the name as it changes (`[upstream] dns_refresh_s`).
+    /// Off: one backend, connecting to the name's first address.
+    #[serde(default)]
+    pub expand: bool,
 }
 
 fn default_weight() -> u32 {

@@ -208,6 +208,11 @@ pub fn validate(cfg: &Config) -> Result<(), Invalid> {
                     .err(format!("backend {:?} is already defined by pools[{pi}].backends[{bi}]", b.name)));
             }
             positive(bp.key("weight"), b.weight.into())?;
+            if b.expand && (b.kv_events.is_some() || b.kv_events_replay.is_some()) {
+                return Err(bp.key("expand").err(
+                    "an expanded name's pods each publish their own KV events: expand cannot take kv_events",
+                ));
+            }
         }
         if pool.policy == PolicyKind::PrefixHash {
             let ph = p.key("prefix_hash");

@@ -150,6 +150,13 @@ pub struct Metrics {
     pub config_reloads: IntCounterVec,
     /// `sha256` (its first 16 hex digits): 1 for the policy file being served.
     pub config_info: IntGaugeVec,
+    /// `result`: backend host names looked up (ok, or error: the last addresses kept).
+    pub dns_lookups: IntCounterVec,
+    /// Rebuilds of the fleet because a backend name's addresses changed.
+    pub dns_updates: IntCounter,
+    /// `pool`: routing decisions that used ejected backends because every backend whose probes
+    /// pass was ejected.
+    pub ejection_overrides: IntCounterVec,
     /// `pool`: requests waiting for a backend slot.
     pub queue_depth: IntGaugeVec,
     /// `pool`: how long queued requests waited (served or not).
@@ -491,6 +498,17 @@ impl Metrics {
             buffered_bytes: int_gauge("warmpath_buffered_bytes", "Bytes of request bodies and unfinished WebSocket messages held ([limits] max_buffered_mib bounds them)."),
             connections_open: int_gauge("warmpath_connections_open", "Open connections on the API listener ([limits] max_connections bounds them)."),
             connections_rejected: int_counter("warmpath_connections_rejected_total", "API connections shed (503, or a health probe answered) because [limits] max_connections were open."),
+            dns_lookups: counter(
+                "warmpath_dns_lookups_total",
+                "Backend host names looked up again ([upstream] dns_refresh_s, reloads), by result: ok, or error (the last addresses are kept).",
+                &["result"],
+            ),
+            dns_updates: int_counter("warmpath_dns_updates_total", "Fleet rebuilds because a backend host name's addresses changed (backends at unchanged addresses keep their state)."),
+            ejection_overrides: counter(
+                "warmpath_ejection_overrides_total",
+                "Routing decisions that used ejected backends because every backend of the pool whose probes pass was ejected (panic routing).",
+                &["pool"],
+            ),
             config_reloads: counter(
                 "warmpath_config_reloads_total",
                 "Policy reloads (SIGHUP, POST /reload, --watch), by result: ok, or error (the old policy keeps serving).",

@@ -111,6 +111,11 @@ impl Backend {
         !h.probe_down && h.ejected_until.is_none_or(|t| now >= t)
     }
 
+    /// Not marked down by the active probes (it may be ejected).
+    pub fn probed_up(&self) -> bool {
+        !self.health().probe_down
+    }
+
     /// Reserves one in-flight slot unless `cap` are taken.
     pub fn try_acquire(self: &Arc<Self>, cap: usize, total: &IntGauge) -> Option<InflightGuard> {
         self.inflight
@@ -260,7 +265,8 @@ mod tests {
 
     fn backend() -> Arc<Backend> {
         let url = crate::config::BackendUrl::parse("http://127.0.0.1:1").expect("url");
-        let peer = Peer::new(url, &crate::config::UpstreamConfig::default()).expect("peer");
+        let addr = "127.0.0.1:1".parse().expect("addr");
+        let peer = Peer::new(url, addr, &crate::config::UpstreamConfig::default()).expect("peer");
         Arc::new(Backend::new(
             "b".into(),
             "p".into(),

@@ -23,6 +23,7 @@ use queue::{Queue, QueueMetrics};
 
 use crate::config::{BackendConfig, BackendUrl, CacheAwareConfig, Config, PolicyKind, PoolConfig};
 use crate::observe::Metrics;
+use crate::upstream::dns::Resolved;
 use crate::upstream::Peer;
 
 /// Interchangeable backends serving the same models under one policy: the routing part of a
@@ -64,6 +65,8 @@ pub struct PromptUnits {
 pub struct BackendSpec {
     pub name: String,
     pub url: BackendUrl,
+    /// The address it connects to (`url`'s host, resolved).
+    pub addr: std::net::SocketAddr,
     pub weight: u32,
     /// KV events endpoint, and its replay endpoint.
     pub kv_events: Option<String>,
@@ -72,16 +75,23 @@ pub struct BackendSpec {
     pub api_key: Option<String>,
 }
 
-impl From<&BackendConfig> for BackendSpec {
-    fn from(b: &BackendConfig) -> BackendSpec {
-        BackendSpec {
-            name: b.name.clone(),
+impl BackendSpec {
+    /// The backends `b` stands for at the addresses in `resolved`: one, or with `expand` one
+    /// per address, named `NAME@ADDRESS`.
+    pub fn of(b: &BackendConfig, resolved: &Resolved) -> Result<Vec<BackendSpec>, String> {
+        let spec = |name: String, addr| BackendSpec {
+            name,
             url: b.url.clone(),
+            addr,
             weight: b.weight,
             kv_events: b.kv_events.clone(),
             kv_replay: b.kv_events_replay.clone(),
             api_key: b.api_key_env.as_ref().and_then(|v| std::env::var(v).ok()),
-        }
+        };
+        Ok(match b.expand {
+            true => resolved.all(&b.url).iter().map(|a| spec(format!("{}@{}", b.name, a.ip()), *a)).collect(),
+            false => vec![spec(b.name.clone(), resolved.first(&b.url)?)],
+        })
     }
 }
 
@@ -182,6 +192,7 @@ impl Pool {
                 }
             })
             .collect();
+        self.unless_all_ejected(&mut candidates, metrics);
         // A slot can be taken between the snapshot and the reservation; then mark it full and
         // ask again, at most once per backend.
         for _ in 0..self.backends.len() {
@@ -204,6 +215,29 @@ impl Pool {
             Err(NoBackend::Saturated)
         } else {
             Err(NoBackend::Unavailable)
+        }
+    }
+}
+
+impl Pool {
+    /// Passive ejection never empties a pool: when no backend is left to take a request and
+    /// some of those out are only ejected (their probes still pass), those take traffic again
+    /// (Envoy's panic routing). A backend that answers its probes but failed a few requests is
+    /// a better bet than a 503 for every request — with three replicas each failing a few
+    /// percent, ejection alone took the whole pool out in the soak.
+    fn unless_all_ejected(&self, candidates: &mut [Candidate], metrics: &Metrics) {
+        if candidates.iter().any(|c| matches!(c.state, State::Up | State::Full)) {
+            return;
+        }
+        let mut overridden = false;
+        for (c, b) in candidates.iter_mut().zip(self.backends.iter()) {
+            if c.state == State::Down && b.probed_up() {
+                c.state = if c.inflight >= self.max_inflight { State::Full } else { State::Up };
+                overridden = true;
+            }
+        }
+        if overridden {
+            metrics.ejection_overrides.with_label_values(&[&self.name]).inc();
         }
     }
 }
@@ -237,12 +271,12 @@ impl Fleet {
         self.pools.iter().flat_map(|p| p.backends.iter())
     }
 
-    /// Pools without a backend that takes traffic now (what `/readyz` reports).
+    /// Pools without a backend whose probes pass (what `/readyz` reports): an ejected backend
+    /// still serves when no other can.
     pub fn unready(&self) -> Vec<String> {
-        let now = Instant::now();
         self.pools
             .iter()
-            .filter(|p| !p.backends.iter().any(|b| b.is_up(now)))
+            .filter(|p| !p.backends.iter().any(|b| b.probed_up()))
             .map(|p| p.name.clone())
             .collect()
     }
@@ -269,7 +303,7 @@ impl Pool {
         ));
         let mut built = Vec::with_capacity(backends.len());
         for spec in backends {
-            let mut peer = Peer::new(spec.url.clone(), &cfg.upstream)?;
+            let mut peer = Peer::new(spec.url.clone(), spec.addr, &cfg.upstream)?;
             peer.set_api_key(spec.api_key.as_deref())?;
             let labels = [pc.name.as_str(), spec.name.as_str()];
             let mut b = Backend::new(
@@ -298,6 +332,15 @@ impl Pool {
             )),
             PolicyKind::Session => Arc::new(policy::Session::new(&names, pc.session.overload_factor)),
             PolicyKind::CacheAware => {
+                // An expanded name can resolve to more backends than validation could count.
+                if built.len() > index::MAX_BACKENDS {
+                    return Err(format!(
+                        "pool {}: cache_aware tracks at most {} backends ({} resolved)",
+                        pc.name,
+                        index::MAX_BACKENDS,
+                        built.len()
+                    ));
+                }
                 let ca = &pc.cache_aware;
                 let ttl = (ca.ttl_s > 0).then(|| Duration::from_secs(ca.ttl_s));
                 let index = Arc::new(index::PrefixIndex::new(built.len(), ca.capacity_blocks, ttl));

@@ -93,6 +93,8 @@ struct RulesCheck {
 pub struct Services {
     pub upstream: Arc<crate::upstream::Upstream>,
     pub upstream_cfg: crate::config::UpstreamConfig,
+    /// Where the moderation service's name resolved.
+    pub resolved: Arc<crate::upstream::dns::Resolved>,
     /// The guard model's pool, where `guard_model` is configured.
     pub guard: Option<Arc<dyn guard::Complete>>,
 }
@@ -138,8 +140,7 @@ impl Safety {
         let mut remote = Vec::new();
         let mut names: Vec<&str> = rules.iter().map(|_| "rules").collect();
         if let Some(m) = &c.moderation {
-            let judge = moderation::Moderation::new(m, services.upstream.clone(), &services.upstream_cfg)
-                .map_err(|e| format!("moderation: {e}"))?;
+            let judge = moderation::Moderation::new(m, services).map_err(|e| format!("moderation: {e}"))?;
             let spec = RemoteSpec {
                 timeout_ms: m.timeout_ms,
                 on_error: m.on_error,

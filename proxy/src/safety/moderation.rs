@@ -23,18 +23,14 @@ pub struct Moderation {
 }
 
 impl Moderation {
-    pub fn new(
-        c: &ModerationConfig,
-        upstream: Arc<Upstream>,
-        up: &crate::config::UpstreamConfig,
-    ) -> Result<Moderation, String> {
+    pub fn new(c: &ModerationConfig, services: &super::Services) -> Result<Moderation, String> {
         let key = match &c.api_key_env {
             Some(var) => Some(std::env::var(var).map_err(|_| format!("api_key_env: ${var} is not set"))?),
             None => None,
         };
         Ok(Moderation {
-            upstream,
-            peer: Peer::new(c.url.clone(), up)?,
+            upstream: services.upstream.clone(),
+            peer: Peer::new(c.url.clone(), services.resolved.first(&c.url)?, &services.upstream_cfg)?,
             model: c.model.clone(),
             key,
             thresholds: c.thresholds.clone(),

@@ -18,6 +18,7 @@ use crate::limits::{Buffered, Connections};
 use crate::observe::{Lifecycle, Metrics};
 use crate::route::Fleet;
 use crate::session::Store;
+use crate::upstream::dns::Resolved;
 use crate::upstream::Upstream;
 
 /// What every request handler reads.
@@ -28,6 +29,8 @@ pub struct AppState {
     pub fleet: Arc<Fleet>,
     pub metrics: Metrics,
     pub upstream: Arc<Upstream>,
+    /// The addresses the backends' names resolved to when this state was built.
+    pub resolved: Arc<Resolved>,
     /// Stored Responses conversations.
     pub sessions: Arc<Store>,
     /// Open WebSocket connections (the same across reloads).

@@ -3,7 +3,9 @@
 //! the classification of pingora's errors into what the proxy acts on (retry or not, eject or
 //! not, which status the client gets).
 
-use std::net::ToSocketAddrs;
+pub mod dns;
+
+use std::net::SocketAddr;
 use std::path::Path;
 use std::time::Duration;
 
@@ -31,21 +33,18 @@ pub struct Peer {
 }
 
 impl Peer {
-    /// Whether this peer is what `url` with key `key` would make (a reload keeps the backend).
-    pub fn is(&self, url: &BackendUrl, key: Option<&str>) -> bool {
+    /// Whether this peer is what `url` at `addr` with key `key` would make (a reload keeps the
+    /// backend).
+    pub fn is(&self, url: &BackendUrl, addr: SocketAddr, key: Option<&str>) -> bool {
         self.url.to_string() == url.to_string()
+            && self.addr() == Some(addr)
             && self.authorization.as_ref().map(|v| v.as_bytes().to_vec())
                 == key.map(|k| format!("Bearer {k}").into_bytes())
     }
 
-    /// The connection template of a backend. Names are resolved once, here: pingora's own
-    /// resolution blocks the worker thread.
-    pub fn new(url: BackendUrl, up: &UpstreamConfig) -> Result<Peer, String> {
-        let addr = (url.host.as_str(), url.port)
-            .to_socket_addrs()
-            .map_err(|e| format!("cannot resolve backend {url}: {e}"))?
-            .next()
-            .ok_or_else(|| format!("backend {url} resolves to no address"))?;
+    /// The connection template of a backend at `addr`, resolved from `url`'s host beforehand
+    /// ([`dns`]): pingora's own resolution would block the worker thread.
+    pub fn new(url: BackendUrl, addr: SocketAddr, up: &UpstreamConfig) -> Result<Peer, String> {
         let mut peer = HttpPeer::new(addr, url.tls, url.host.clone());
         let ms = Duration::from_millis;
         peer.options.connection_timeout = Some(ms(up.connect_timeout_ms));
@@ -54,6 +53,14 @@ impl Peer {
         peer.options.write_timeout = Some(ms(up.idle_timeout_ms));
         peer.options.idle_timeout = Some(ms(up.pool_idle_timeout_ms));
         Ok(Peer { authority: url.authority(), url, http: peer, authorization: None })
+    }
+
+    /// The address it connects to.
+    pub fn addr(&self) -> Option<SocketAddr> {
+        match &self.http._address {
+            pingora::protocols::l4::socket::SocketAddr::Inet(a) => Some(*a),
+            _ => None,
+        }
     }
 
     /// Puts the backend's own key on a request to it (in place of the client's), where it has
