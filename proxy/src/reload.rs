@@ -29,7 +29,7 @@ use crate::config::Config;
 use crate::observe::Reload;
 use crate::policy::Policy;
 use crate::policy::RunOptions;
-use crate::state::Live;
+use crate::state::{AppState, Live};
 use crate::upstream::dns::{Resolve, Resolved};
 
 pub struct Reloader {
@@ -104,6 +104,7 @@ impl Reloader {
         }
         let policy = self.policy.lock().unwrap_or_else(|p| p.into_inner()).clone();
         let new = build::state(&self.base, policy, Arc::new(resolved), Some(&old))?;
+        forget_gone(&self.base.metrics, &old, &new);
         self.live.swap(new);
         self.base.metrics.dns_updates.inc();
         tracing::info!(names = ?changed, "backend addresses changed: backends rebuilt");
@@ -150,6 +151,7 @@ impl Reloader {
                 let _ = f.flush().await;
             }
         }
+        forget_gone(&self.base.metrics, &old, &new);
         self.live.swap(new);
         *self.policy.lock().unwrap_or_else(|p| p.into_inner()) = policy;
         let mut h = self.hash.lock().unwrap_or_else(|p| p.into_inner());
@@ -178,6 +180,17 @@ impl Reload for Reloader {
             }
         }
         done
+    }
+}
+
+/// Drops the gauges of the backends `old` has and `new` does not.
+fn forget_gone(metrics: &crate::observe::Metrics, old: &AppState, new: &AppState) {
+    for b in old.fleet.backends() {
+        let kept =
+            new.pools.named(&b.pool).is_some_and(|p| p.route.backends.iter().any(|n| n.name == b.name));
+        if !kept {
+            metrics.forget_backend(&b.pool, &b.name);
+        }
     }
 }
 
@@ -259,9 +272,13 @@ pub struct DnsRefresh {
 impl pingora::services::background::BackgroundService for DnsRefresh {
     async fn start(&self, mut shutdown: pingora::server::ShutdownWatch) {
         loop {
-            let every = self.reloader.live.load().cfg.upstream.dns_refresh_s;
-            // Off (0): look again now and then whether a reload turned it on.
-            let wait = Duration::from_secs(if every == 0 { 30 } else { every });
+            let (every, names) = {
+                let state = self.reloader.live.load();
+                (state.cfg.upstream.dns_refresh_s, state.resolved.has_names())
+            };
+            // Off, or nothing to look up: look again now and then whether a reload changed
+            // that (a reload looks names up itself).
+            let wait = Duration::from_secs(if every == 0 || !names { 60 } else { every });
             tokio::select! {
                 _ = tokio::time::sleep(wait) => {}
                 _ = shutdown.changed() => return,

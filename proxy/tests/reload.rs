@@ -87,6 +87,10 @@ fn a_reload_swaps_the_policy_and_keeps_what_did_not_change() {
     std::fs::write(&proxy.policy_file, two_pools(&[("e1", e1.url())], &f, "")).expect("write");
     assert_eq!(reload(&proxy).status, 200);
     assert_eq!(backends_seen(&proxy, 4), HashSet::from(["e1".to_owned()]));
+    // Its gauges go with it (a series left behind would show it up forever).
+    let m = proxy.metrics();
+    assert!(!m.contains(r#"warmpath_backend_up{backend="e0""#), "{m}");
+    assert_eq!(metric(&m, r#"warmpath_backend_up{backend="e1",pool="main"}"#), Some(1.0), "{m}");
 }
 
 #[test]

@@ -194,7 +194,8 @@ pub struct UpstreamConfig {
     pub client_cert_file: Option<PathBuf>,
     pub client_key_file: Option<PathBuf>,
     /// Backends' host names are looked up again this often (seconds; 0: once, when the policy
-    /// is loaded). The system resolver gives no TTL: this stands for it.
+    /// is loaded). The system resolver gives no TTL: this stands for it (Envoy's
+    /// `dns_refresh_rate`, 5 s, as is CoreDNS's TTL for Kubernetes Service records).
     pub dns_refresh_s: u64,
 }
 
@@ -208,7 +209,7 @@ impl Default for UpstreamConfig {
             ca_file: None,
             client_cert_file: None,
             client_key_file: None,
-            dns_refresh_s: 30,
+            dns_refresh_s: 5,
         }
     }
 }

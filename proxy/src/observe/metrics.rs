@@ -548,6 +548,17 @@ impl Metrics {
         m
     }
 
+    /// Drops the gauges of a backend that is gone from `pool` (a reload removed it, or its
+    /// address went away): a series left behind would show it up and idle forever. Its
+    /// counters stay, as counters of a finished process would.
+    pub fn forget_backend(&self, pool: &str, backend: &str) {
+        for g in
+            [&self.inflight, &self.backend_up, &self.index_blocks, &self.index_capacity, &self.kv_events_live]
+        {
+            let _ = g.remove_label_values(&[pool, backend]);
+        }
+    }
+
     /// The registry in Prometheus text format.
     pub fn render(&self) -> Vec<u8> {
         let mut out = Vec::with_capacity(16 << 10);
