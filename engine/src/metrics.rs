@@ -8,9 +8,19 @@ use prometheus::{
 
 use crate::scheduler::{FinishTimings, StepStats};
 
-const LATENCY_BUCKETS: &[f64] = &[
+// vLLM's bucket boundaries, per metric (vllm/v1/metrics/loggers.py), so that dashboards and
+// alerts built for vLLM read these histograms unchanged.
+const TTFT_BUCKETS: &[f64] = &[
     0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0,
-    80.0,
+    80.0, 160.0, 640.0, 2560.0,
+];
+const ITL_BUCKETS: &[f64] = &[
+    0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0,
+];
+/// End to end, queue, prefill and decode times.
+const REQUEST_LATENCY_BUCKETS: &[f64] = &[
+    0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0, 120.0, 240.0, 480.0,
+    960.0, 1920.0, 7680.0,
 ];
 
 /// All metrics of one engine.
@@ -79,12 +89,12 @@ impl Metrics {
             registry.register(Box::new(c.clone()))?;
             Ok(c.with_label_values(&values))
         };
-        let histogram = |name: &str, help: &str| -> prometheus::Result<prometheus::Histogram> {
-            let h =
-                HistogramVec::new(HistogramOpts::new(name, help).buckets(LATENCY_BUCKETS.to_vec()), &labels)?;
-            registry.register(Box::new(h.clone()))?;
-            Ok(h.with_label_values(&values))
-        };
+        let histogram =
+            |name: &str, help: &str, buckets: &[f64]| -> prometheus::Result<prometheus::Histogram> {
+                let h = HistogramVec::new(HistogramOpts::new(name, help).buckets(buckets.to_vec()), &labels)?;
+                registry.register(Box::new(h.clone()))?;
+                Ok(h.with_label_values(&values))
+            };
         let info = GaugeVec::new(
             Opts::new("vllm:cache_config_info", "Information of the KV cache configuration"),
             &["model_name", "engine", "block_size", "num_gpu_blocks", "enable_prefix_caching"],
@@ -144,15 +154,36 @@ impl Metrics {
                 "Number of accepted proposed tokens",
             )?,
             spec_accepted_per_pos,
-            ttft: histogram("vllm:time_to_first_token_seconds", "Time to first token in seconds")?,
-            itl: histogram("vllm:inter_token_latency_seconds", "Inter-token latency in seconds")?,
-            e2e: histogram("vllm:e2e_request_latency_seconds", "End-to-end request latency in seconds")?,
+            ttft: histogram(
+                "vllm:time_to_first_token_seconds",
+                "Time to first token in seconds",
+                TTFT_BUCKETS,
+            )?,
+            itl: histogram(
+                "vllm:inter_token_latency_seconds",
+                "Inter-token latency in seconds",
+                ITL_BUCKETS,
+            )?,
+            e2e: histogram(
+                "vllm:e2e_request_latency_seconds",
+                "End-to-end request latency in seconds",
+                REQUEST_LATENCY_BUCKETS,
+            )?,
             queue: histogram(
                 "vllm:request_queue_time_seconds",
                 "Time spent waiting in the queue, in seconds",
+                REQUEST_LATENCY_BUCKETS,
             )?,
-            prefill: histogram("vllm:request_prefill_time_seconds", "Time spent in prefill, in seconds")?,
-            decode: histogram("vllm:request_decode_time_seconds", "Time spent in decode, in seconds")?,
+            prefill: histogram(
+                "vllm:request_prefill_time_seconds",
+                "Time spent in prefill, in seconds",
+                REQUEST_LATENCY_BUCKETS,
+            )?,
+            decode: histogram(
+                "vllm:request_decode_time_seconds",
+                "Time spent in decode, in seconds",
+                REQUEST_LATENCY_BUCKETS,
+            )?,
             success,
             registry,
             model_name: model_name.to_owned(),
@@ -253,6 +284,30 @@ mod tests {
             r#"vllm:spec_decode_num_accepted_tokens_per_pos_total{engine="0",model_name="tiny",position="1"} 1"#,
         ] {
             assert!(text.contains(want), "missing {want} in\n{text}");
+        }
+    }
+
+    #[test]
+    fn histograms_use_vllms_buckets_per_metric() {
+        let text = Metrics::new("tiny", "0", 16, 128, true).render();
+        let les = |name: &str| -> Vec<String> {
+            text.lines()
+                .filter(|l| l.starts_with(&format!("{name}_bucket{{")))
+                .filter_map(|l| l.split("le=\"").nth(1)?.split('"').next().map(str::to_owned))
+                .collect()
+        };
+        let ttft = les("vllm:time_to_first_token_seconds");
+        assert_eq!((ttft.len(), ttft[0].as_str(), ttft[21].as_str()), (23, "0.001", "2560"), "{ttft:?}");
+        let itl = les("vllm:inter_token_latency_seconds");
+        assert_eq!((itl.len(), itl[0].as_str(), itl[18].as_str()), (20, "0.01", "80"), "{itl:?}");
+        for name in [
+            "vllm:e2e_request_latency_seconds",
+            "vllm:request_queue_time_seconds",
+            "vllm:request_prefill_time_seconds",
+            "vllm:request_decode_time_seconds",
+        ] {
+            let l = les(name);
+            assert_eq!((l.len(), l[0].as_str(), l[20].as_str()), (22, "0.3", "7680"), "{name}: {l:?}");
         }
     }
 }

@@ -174,12 +174,15 @@ impl ProxyHttp for WarmpathProxy {
             (s, _) => s,
         };
         let backend = ctx.backend.as_deref().unwrap_or("none");
+        let pool = ctx.pool.as_deref().unwrap_or("none");
         let key = ctx.key.as_deref().unwrap_or("-");
         m.requests.with_label_values(&[ctx.route, backend, &status.to_string()]).inc();
         let elapsed = ctx.start.elapsed();
-        m.request_duration.with_label_values(&[ctx.route]).observe(elapsed.as_secs_f64());
+        m.request_duration.with_label_values(&[ctx.route, pool, backend]).observe(elapsed.as_secs_f64());
         if let Some(t) = ctx.first_byte {
-            m.ttft.with_label_values(&[ctx.route]).observe(t.duration_since(ctx.start).as_secs_f64());
+            m.ttft
+                .with_label_values(&[ctx.route, pool, backend])
+                .observe(t.duration_since(ctx.start).as_secs_f64());
         }
         let req = session.req_header();
         tracing::info!(

@@ -192,8 +192,8 @@ fn admin_endpoints() {
     let m = m.text();
     for name in [
         "warmpath_requests_total{backend=\"e\",route=\"chat_completions\",status=\"200\"} 1",
-        "warmpath_request_duration_seconds_count{route=\"chat_completions\"} 1",
-        "warmpath_ttft_seconds_count{route=\"chat_completions\"} 1",
+        "warmpath_request_duration_seconds_count{backend=\"e\",pool=\"main\",route=\"chat_completions\"} 1",
+        "warmpath_ttft_seconds_count{backend=\"e\",pool=\"main\",route=\"chat_completions\"} 1",
         "warmpath_backend_inflight{backend=\"e\",pool=\"main\"} 0",
         "warmpath_routing_decisions_total{policy=\"round_robin\",pool=\"main\",reason=\"round_robin\"} 1",
         "warmpath_backend_up{backend=\"e\",pool=\"main\"} 1",

@@ -112,7 +112,7 @@ impl Default for ServerConfig {
     fn default() -> Self {
         ServerConfig {
             listen: SocketAddr::from(([127, 0, 0, 1], 8080)),
-            admin: SocketAddr::from(([127, 0, 0, 1], 9090)),
+            admin: SocketAddr::from(([127, 0, 0, 1], 8081)),
             threads: 2,
             grace_period_secs: 30,
             tls: None,

@@ -341,12 +341,12 @@ impl Metrics {
             request_duration: histogram(
                 "warmpath_request_duration_seconds",
                 "Request arrival to the last byte sent to the client.",
-                &["route"],
+                &["route", "pool", "backend"],
             ),
             ttft: histogram(
                 "warmpath_ttft_seconds",
                 "Request arrival to the first response body byte sent to the client.",
-                &["route"],
+                &["route", "pool", "backend"],
             ),
             inflight: gauge(
                 "warmpath_backend_inflight",

@@ -41,6 +41,9 @@ pub(super) async fn forward(
         };
         let backend = sel.backend().clone();
         ctx.backend = Some(backend.name.clone());
+        if ctx.pool.is_none() {
+            ctx.pool = Some(pool.name.clone());
+        }
         let mut route_hdr = format!("{}; reason={}", pool.policy.name(), sel.reason);
         if !sel.detail.is_empty() {
             route_hdr.push_str("; ");

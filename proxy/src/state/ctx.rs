@@ -15,6 +15,8 @@ pub struct RequestCtx {
     /// The `route` label: an LLM route, `models`, or `other`.
     pub route: &'static str,
     pub backend: Option<String>,
+    /// The pool of that backend (the histograms' `pool` label).
+    pub pool: Option<String>,
     /// The status the client got; 499 when it left first.
     pub status: u16,
     pub first_byte: Option<Instant>,
@@ -40,6 +42,7 @@ impl RequestCtx {
             start: Instant::now(),
             route: "other",
             backend: None,
+            pool: None,
             status: 0,
             first_byte: None,
             client_gone: false,
