@@ -88,7 +88,7 @@ impl ProxyHttp for WarmpathProxy {
             // The body's extent is in doubt: nothing after this answer is read as a request.
             session.set_keepalive(None);
             let reason = if e.status == 431 { "header_too_large" } else { "bad_framing" };
-            state.metrics.rejections.with_label_values(&[reason]).inc();
+            state.metrics.refused(reason);
             ctx.status = e.status;
             send_error(session, &e, &[]).await?;
             return Ok(true);
@@ -106,7 +106,7 @@ impl ProxyHttp for WarmpathProxy {
                 Ok(key) => ctx.key = key,
                 Err(e) => {
                     let reason = if e.status == 503 { "keys_unavailable" } else { "invalid_api_key" };
-                    state.metrics.rejections.with_label_values(&[reason]).inc();
+                    state.metrics.refused(reason);
                     ctx.status = e.status;
                     if matches!(route, Route::WebSocket) {
                         // A refused upgrade ends the connection: the client meant to leave HTTP.

@@ -176,6 +176,7 @@ pub fn run(policy: Policy, opts: RunOptions) -> anyhow::Result<()> {
         None => api.add_tcp(&cfg.server.listen.to_string()),
     }
     let ready = live.clone();
+    let status = live.clone();
     let mut admin = Service::new(
         "warmpath admin".to_owned(),
         pingora::apps::http_app::HttpServer::new_app(AdminApp {
@@ -184,6 +185,7 @@ pub fn run(policy: Policy, opts: RunOptions) -> anyhow::Result<()> {
             api: cfg.server.listen,
             lifecycle,
             reload: reloader,
+            status: Box::new(move || status.load().status()),
         }),
     );
     match &cfg.server.admin_tls {

@@ -59,7 +59,7 @@ async fn reject(
     } else {
         "bad_request"
     };
-    state.metrics.rejections.with_label_values(&[reason]).inc();
+    state.metrics.refused(reason);
     ctx.status = e.status;
     send_error(session, e, &[]).await
 }

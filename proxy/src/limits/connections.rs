@@ -30,6 +30,11 @@ impl Connections {
         Ok(slot)
     }
 
+    /// Connections open now.
+    pub fn count(&self) -> usize {
+        self.open.load(Ordering::Relaxed)
+    }
+
     /// Every connection finishes its response in flight, then closes (1012).
     pub fn drain(&self) {
         self.draining.send_replace(true);

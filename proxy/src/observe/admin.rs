@@ -1,6 +1,7 @@
 //! The admin listener: `/metrics` (Prometheus text format), `/healthz` (the process answers),
 //! `/readyz` (the API listener accepts connections, every pool has a backend that takes
-//! traffic, and the process is not draining) and `POST /reload` (the policy file read again).
+//! traffic, and the process is not draining), `POST /reload` (the policy file read again), and
+//! the status page: `GET /` (one HTML page, no external assets, drawing `GET /status.json`).
 
 use async_trait::async_trait;
 use http::Response;
@@ -11,6 +12,12 @@ use super::Metrics;
 
 /// What keeps the process from serving now (pools with no backend up, keys not read).
 pub type Unready = Box<dyn Fn() -> Vec<String> + Send + Sync>;
+
+/// What `/status.json` shows, built from the state of the moment.
+pub type Status = Box<dyn Fn() -> serde_json::Value + Send + Sync>;
+
+/// The status page: it fetches `/status.json` and draws it, every two seconds.
+const STATUS_PAGE: &str = include_str!("status.html");
 
 /// A policy reload (`POST /reload`): what was reloaded, or why not.
 #[async_trait]
@@ -29,6 +36,8 @@ pub struct AdminApp {
     pub lifecycle: std::sync::Arc<super::Lifecycle>,
     /// `POST /reload`.
     pub reload: std::sync::Arc<dyn Reload>,
+    /// `/status.json`.
+    pub status: Status,
 }
 
 fn reply(status: u16, content_type: &str, body: Vec<u8>) -> Response<Vec<u8>> {
@@ -66,6 +75,12 @@ impl ServeHttp for AdminApp {
             },
             "/reload" => reply(405, "text/plain", b"POST /reload reloads the policy file\n".to_vec()),
             "/metrics" => reply(200, "text/plain; version=0.0.4", self.metrics.render()),
+            "/" | "/status" => reply(200, "text/html; charset=utf-8", STATUS_PAGE.as_bytes().to_vec()),
+            "/status.json" => reply(
+                200,
+                "application/json",
+                serde_json::to_vec(&(self.status)()).unwrap_or_else(|_| b"{}".to_vec()),
+            ),
             "/healthz" => reply(200, "text/plain", b"ok\n".to_vec()),
             "/readyz" if self.lifecycle.draining() => {
                 reply(503, "text/plain", b"draining: shutting down\n".to_vec())
@@ -82,7 +97,7 @@ impl ServeHttp for AdminApp {
             _ => reply(
                 404,
                 "text/plain",
-                b"not found: try /metrics, /healthz, /readyz, POST /reload\n".to_vec(),
+                b"not found: try /, /status.json, /metrics, /healthz, /readyz, POST /reload\n".to_vec(),
             ),
         }
     }

@@ -163,6 +163,8 @@ pub struct Metrics {
     pub queue_wait: HistogramVec,
     /// `pool`, `reason` (`full`, `timeout`): queued requests refused.
     pub queue_rejected: IntCounterVec,
+    /// The last routing decisions, refusals and WebSocket ends, for the status page.
+    pub recent: std::sync::Arc<super::Recent>,
 }
 
 impl Metrics {
@@ -543,6 +545,7 @@ impl Metrics {
             request_bytes,
             inflight_total,
             registry,
+            recent: Default::default(),
         };
         m.build_info.with_label_values(&[env!("CARGO_PKG_VERSION")]).set(1);
         m
@@ -557,6 +560,31 @@ impl Metrics {
         {
             let _ = g.remove_label_values(&[pool, backend]);
         }
+    }
+
+    /// A request warmpath answered with an error itself: counted by `reason`
+    /// (`warmpath_rejections_total`) and kept among the recent events.
+    pub fn refused(&self, reason: &str) {
+        self.rejections.with_label_values(&[reason]).inc();
+        self.recent.push("refused", "", "", reason, "");
+    }
+
+    /// The samples of the counter or gauge `name` as (labels, value), labels in their names'
+    /// order: what the status page shows of the stages' counters.
+    pub fn samples(&self, name: &str) -> Vec<(Vec<(String, String)>, f64)> {
+        let Some(family) = self.registry.gather().into_iter().find(|f| f.name() == name) else {
+            return Vec::new();
+        };
+        let counter = family.get_field_type() == prometheus::proto::MetricType::COUNTER;
+        family
+            .get_metric()
+            .iter()
+            .map(|m| {
+                let labels = m.get_label().iter().map(|l| (l.name().to_owned(), l.value().to_owned()));
+                let value = if counter { m.get_counter().get_value() } else { m.get_gauge().get_value() };
+                (labels.collect(), value)
+            })
+            .collect()
     }
 
     /// The registry in Prometheus text format.

@@ -5,7 +5,9 @@
 mod admin;
 mod lifecycle;
 mod metrics;
+mod recent;
 
-pub use admin::{AdminApp, Reload, Unready};
+pub use admin::{AdminApp, Reload, Status, Unready};
 pub use lifecycle::{Active, Lifecycle};
 pub use metrics::Metrics;
+pub use recent::{Event, Recent};

@@ -249,7 +249,7 @@ pub(super) async fn exhausted(
             let e = respond::upstream_failed(status, what);
             let hdrs = [("x-warmpath-backend", ctx.backend.clone().unwrap_or_default())];
             ctx.status = status;
-            state.metrics.rejections.with_label_values(&["upstream_failed"]).inc();
+            state.metrics.refused("upstream_failed");
             send_error(down, &e, &hdrs).await
         }
         None => super::reject(state, down, ctx, &respond::no_backend(pool), "no_backend").await,

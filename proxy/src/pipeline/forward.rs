@@ -52,6 +52,7 @@ pub(super) async fn forward(
         if retries.attempt > 1 {
             route_hdr.push_str(&format!("; attempt={}", retries.attempt));
         }
+        state.metrics.recent.push("route", &pool.name, &backend.name, sel.reason, &sel.detail);
         let headers = WarmpathHeaders { route: &route_hdr, prefix: out.prefix, cache: out.cache };
         let (up, header) = match attempt::reach(state, down, &backend, out.template, &out.body).await? {
             Reached::Header(up, header) => (up, header),

@@ -86,7 +86,7 @@ pub async fn run(
                 503 => "limits_unavailable",
                 _ => "forbidden",
             };
-            state.metrics.rejections.with_label_values(&[reason]).inc();
+            state.metrics.refused(reason);
             ctx.status = r.error.status;
             return respond::send_error(down, &r.error, &r.headers).await;
         }
@@ -206,7 +206,7 @@ async fn refuse(
     refused: &Refused,
     d: &crate::safety::Decision,
 ) -> pingora::Result<()> {
-    state.metrics.rejections.with_label_values(&["content_policy"]).inc();
+    state.metrics.refused("content_policy");
     ctx.client_gone = false;
     ctx.status = refused.answer(down, safety, d).await?;
     Ok(())
@@ -360,7 +360,7 @@ pub async fn reject(
     e: &ApiError,
     reason: &str,
 ) -> pingora::Result<()> {
-    state.metrics.rejections.with_label_values(&[reason]).inc();
+    state.metrics.refused(reason);
     ctx.status = e.status;
     respond::send_error(down, e, &[]).await
 }

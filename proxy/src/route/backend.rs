@@ -59,6 +59,8 @@ pub struct Backend {
     /// here, against the prompt tokens the backend reports.
     prompt_units: AtomicU64,
     health: Mutex<Health>,
+    /// What its `/metrics` said last (`cache_aware` pools read it), for the status page.
+    scraped: Mutex<Option<super::load::Scraped>>,
     inflight_gauge: IntGauge,
     up_gauge: IntGauge,
 }
@@ -85,6 +87,7 @@ impl Backend {
             reported: AtomicU32::new(0),
             prompt_units: AtomicU64::new(0),
             health: Mutex::new(Health::default()),
+            scraped: Mutex::new(None),
             inflight_gauge,
             up_gauge,
         }
@@ -191,6 +194,15 @@ impl Backend {
 
     pub fn set_reported_requests(&self, n: u32) {
         self.reported.store(n, Ordering::Relaxed);
+    }
+
+    /// What its `/metrics` said last, if warmpath reads it.
+    pub fn scraped(&self) -> Option<super::load::Scraped> {
+        *self.scraped.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    pub fn set_scraped(&self, s: super::load::Scraped) {
+        *self.scraped.lock().unwrap_or_else(|p| p.into_inner()) = Some(s);
     }
 
     pub fn prompt_units(&self) -> u64 {

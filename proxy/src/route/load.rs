@@ -32,6 +32,10 @@ pub struct Scraped {
     pub kv_block_size: Option<u64>,
     /// `vllm:prompt_tokens_total`: prompt tokens of every request it took.
     pub prompt_tokens: Option<f64>,
+    /// `vllm:prefix_cache_hits_total` and `_queries_total`: prompt tokens served from its
+    /// prefix cache, of those looked up.
+    pub prefix_hits: Option<f64>,
+    pub prefix_queries: Option<f64>,
 }
 
 /// Reads the few series routing needs from Prometheus text (values summed over label sets,
@@ -56,6 +60,8 @@ pub fn parse(text: &str) -> Scraped {
             "vllm:num_requests_waiting" => s.waiting += v,
             "vllm:kv_cache_usage_perc" => s.kv_usage = Some(s.kv_usage.unwrap_or(0.0).max(v)),
             "vllm:prompt_tokens_total" => s.prompt_tokens = Some(s.prompt_tokens.unwrap_or(0.0) + v),
+            "vllm:prefix_cache_hits_total" => s.prefix_hits = Some(s.prefix_hits.unwrap_or(0.0) + v),
+            "vllm:prefix_cache_queries_total" => s.prefix_queries = Some(s.prefix_queries.unwrap_or(0.0) + v),
             "vllm:cache_config_info" => {
                 s.kv_blocks = label(labels, "num_gpu_blocks").and_then(|x| x.parse().ok()).or(s.kv_blocks);
                 s.kv_block_size =
@@ -155,6 +161,7 @@ impl LoadScraper {
             self.metrics.load_scrapes.with_label_values(&[&pool.name, &b.name, "ok"]).inc();
             let s = parse(&String::from_utf8_lossy(&body));
             b.set_reported_requests((s.running + s.waiting).max(0.0) as u32);
+            b.set_scraped(s);
             if let Some(t) = s.prompt_tokens {
                 learnt.observe(i, b.prompt_units(), t);
             }
@@ -242,6 +249,9 @@ mod tests {
             vllm:num_requests_running{engine=\"1\",model_name=\"m\"} 2\n\
             vllm:num_requests_waiting{model_name=\"m\"} 4.0\n\
             vllm:kv_cache_usage_perc{model_name=\"m\"} 0.25\n\
+            vllm:prefix_cache_queries_total{engine=\"0\"} 100\n\
+            vllm:prefix_cache_queries_total{engine=\"1\"} 60\n\
+            vllm:prefix_cache_hits_total{engine=\"0\"} 40\n\
             vllm:cache_config_info{block_size=\"16\",cache_dtype=\"auto\",num_gpu_blocks=\"2048\"} 1.0\n\
             vllm:num_requests_running_other 100\n";
         let s = parse(text);
@@ -254,6 +264,8 @@ mod tests {
                 kv_blocks: Some(2048),
                 kv_block_size: Some(16),
                 prompt_tokens: None,
+                prefix_hits: Some(40.0),
+                prefix_queries: Some(160.0),
             }
         );
         assert_eq!(parse("garbage\n{}\n"), Scraped::default());

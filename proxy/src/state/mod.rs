@@ -6,6 +6,7 @@
 
 mod ctx;
 mod pools;
+mod status;
 
 use std::sync::{Arc, RwLock};
 

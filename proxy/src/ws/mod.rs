@@ -93,12 +93,12 @@ pub async fn serve(live: &Arc<Live>, session: &mut Session, ctx: &mut RequestCtx
     }
     if let Some((e, extra)) = handshake_error(session.req_header()) {
         ctx.status = e.status;
-        state.metrics.rejections.with_label_values(&["bad_upgrade"]).inc();
+        state.metrics.refused("bad_upgrade");
         return send_error(session, &e, extra.as_slice()).await;
     }
     let Ok(slot) = state.ws.open(cfg.max_connections) else {
         ctx.status = 503;
-        state.metrics.rejections.with_label_values(&["websocket_connections"]).inc();
+        state.metrics.refused("websocket_connections");
         let e = ApiError::unavailable(format!(
             "{} WebSocket connections are open, the most allowed",
             cfg.max_connections
@@ -114,7 +114,7 @@ pub async fn serve(live: &Arc<Live>, session: &mut Session, ctx: &mut RequestCtx
             Err(r) => {
                 ctx.status = r.error.status;
                 let reason = if r.error.status == 429 { "rate_limited" } else { "limits_unavailable" };
-                state.metrics.rejections.with_label_values(&[reason]).inc();
+                state.metrics.refused(reason);
                 return send_error(session, &r.error, &r.headers).await;
             }
         },
@@ -147,6 +147,8 @@ pub async fn serve(live: &Arc<Live>, session: &mut Session, ctx: &mut RequestCtx
         t.task.abort();
     }
     state.metrics.ws_closed.with_label_values(&[&close.to_string()]).inc();
+    let who = ctx.key.as_deref().map(|k| format!("key {k}")).unwrap_or_default();
+    state.metrics.recent.push("websocket", "", "", &close.to_string(), &who);
     drop(slot);
     Ok(())
 }
@@ -275,7 +277,7 @@ impl Conn {
         // Past the process's budget for buffered messages: close (1013, try again later) rather
         // than grow.
         if !self.held.resize(self.reader.buffered()) {
-            self.state.metrics.rejections.with_label_values(&["buffers_full"]).inc();
+            self.state.metrics.refused("buffers_full");
             return Some(
                 close(session, code::TRY_AGAIN_LATER, "warmpath holds too much; try again later").await,
             );
