@@ -1,5 +1,6 @@
 //! Live load for `cache_aware` pools: every `scrape_interval_ms`, each backend's `/metrics`
-//! (vLLM's names, which the bundled engine also exports) gives its running and waiting
+//! (vLLM's names, which the bundled engine also exports, or SGLang's, llama.cpp's or TGI's: see
+//! [`parse`]) gives its running and waiting
 //! requests and its KV capacity (`vllm:cache_config_info`), which sizes that backend's share of
 //! the prefix index. The same loop publishes the index's size.
 //!
@@ -17,7 +18,7 @@ use async_trait::async_trait;
 use pingora::server::ShutdownWatch;
 use pingora::services::background::BackgroundService;
 
-use super::{Current, Pool};
+use super::{exposition, Current, Pool};
 use crate::observe::Metrics;
 use crate::upstream::get;
 
@@ -38,46 +39,65 @@ pub struct Scraped {
     pub prefix_queries: Option<f64>,
 }
 
-/// Reads the few series routing needs from Prometheus text (values summed over label sets,
-/// so a multi-engine server reports its total).
+/// Reads the few series routing needs from Prometheus text, under the names of each kind of
+/// server warmpath fronts (values summed over label sets, so a multi-engine server reports its
+/// total):
+///
+/// | | vLLM (and the bundled engine) | SGLang | llama.cpp | TGI |
+/// |---|---|---|---|---|
+/// | running | `vllm:num_requests_running` | `sglang:num_running_reqs` | `llamacpp:requests_processing` | `tgi_batch_current_size` |
+/// | waiting | `vllm:num_requests_waiting` | `sglang:num_queue_reqs` | `llamacpp:requests_deferred` | `tgi_queue_size` |
+/// | KV usage | `vllm:kv_cache_usage_perc` (`gpu_cache_usage_perc`) | `sglang:token_usage` | `llamacpp:kv_cache_usage_ratio` | — |
+/// | KV capacity | `vllm:cache_config_info` labels | `sglang:max_total_num_tokens` | — | — |
+/// | prompt tokens | `vllm:prompt_tokens_total` | `sglang:prompt_tokens_total` | `llamacpp:prompt_tokens_total` | `tgi_request_input_length_sum` |
+/// | prefix cache hits | `vllm:prefix_cache_hits_total` / `_queries_total` | `sglang:cached_tokens_total` / prompt tokens | — | — |
 pub fn parse(text: &str) -> Scraped {
     let mut s = Scraped::default();
-    for line in text.lines() {
-        if line.starts_with('#') || line.is_empty() {
+    let add = |x: &mut Option<f64>, v: f64| *x = Some(x.unwrap_or(0.0) + v);
+    let mut sglang_cached = None;
+    for m in exposition::samples(text) {
+        let v = m.value;
+        if !v.is_finite() {
             continue;
         }
-        let (series, value) = match line.rsplit_once(' ') {
-            Some(x) => x,
-            None => continue,
-        };
-        let (name, labels) = match series.split_once('{') {
-            Some((n, l)) => (n, l.trim_end_matches('}')),
-            None => (series, ""),
-        };
-        let v: f64 = value.trim().parse().unwrap_or(0.0);
-        match name {
-            "vllm:num_requests_running" => s.running += v,
-            "vllm:num_requests_waiting" => s.waiting += v,
-            "vllm:kv_cache_usage_perc" => s.kv_usage = Some(s.kv_usage.unwrap_or(0.0).max(v)),
-            "vllm:prompt_tokens_total" => s.prompt_tokens = Some(s.prompt_tokens.unwrap_or(0.0) + v),
-            "vllm:prefix_cache_hits_total" => s.prefix_hits = Some(s.prefix_hits.unwrap_or(0.0) + v),
-            "vllm:prefix_cache_queries_total" => s.prefix_queries = Some(s.prefix_queries.unwrap_or(0.0) + v),
+        match m.name {
+            "vllm:num_requests_running"
+            | "sglang:num_running_reqs"
+            | "llamacpp:requests_processing"
+            | "tgi_batch_current_size" => s.running += v,
+            "vllm:num_requests_waiting"
+            | "sglang:num_queue_reqs"
+            | "llamacpp:requests_deferred"
+            | "tgi_queue_size" => s.waiting += v,
+            "vllm:kv_cache_usage_perc"
+            | "vllm:gpu_cache_usage_perc"
+            | "sglang:token_usage"
+            | "llamacpp:kv_cache_usage_ratio" => s.kv_usage = Some(s.kv_usage.unwrap_or(0.0).max(v)),
+            "vllm:prompt_tokens_total"
+            | "sglang:prompt_tokens_total"
+            | "llamacpp:prompt_tokens_total"
+            | "tgi_request_input_length_sum" => add(&mut s.prompt_tokens, v),
+            "vllm:prefix_cache_hits_total" => add(&mut s.prefix_hits, v),
+            "vllm:prefix_cache_queries_total" => add(&mut s.prefix_queries, v),
+            "sglang:cached_tokens_total" => add(&mut sglang_cached, v),
             "vllm:cache_config_info" => {
-                s.kv_blocks = label(labels, "num_gpu_blocks").and_then(|x| x.parse().ok()).or(s.kv_blocks);
-                s.kv_block_size =
-                    label(labels, "block_size").and_then(|x| x.parse().ok()).or(s.kv_block_size);
+                s.kv_blocks = m.label("num_gpu_blocks").and_then(|x| x.parse().ok()).or(s.kv_blocks);
+                s.kv_block_size = m.label("block_size").and_then(|x| x.parse().ok()).or(s.kv_block_size);
+            }
+            // Its KV capacity in tokens: blocks of one.
+            "sglang:max_total_num_tokens" => {
+                s.kv_blocks = Some(s.kv_blocks.unwrap_or(0) + v.max(0.0) as u64);
+                s.kv_block_size = Some(1);
             }
             _ => {}
         }
     }
+    // SGLang counts cached prompt tokens against all prompt tokens.
+    if let (Some(hits), None) = (sglang_cached, s.prefix_hits) {
+        s.prefix_hits = Some(hits);
+        s.prefix_queries = s.prompt_tokens;
+    }
     s
-}
-
-fn label<'a>(labels: &'a str, key: &str) -> Option<&'a str> {
-    labels.split(',').find_map(|kv| {
-        let (k, v) = kv.split_once('=')?;
-        (k.trim() == key).then(|| v.trim().trim_matches('"'))
-    })
 }
 
 /// Prompt units (bytes) per backend token, learnt per pool from counter deltas: units warmpath
@@ -271,6 +291,51 @@ mod tests {
         assert_eq!(parse("garbage\n{}\n"), Scraped::default());
         let s = parse("vllm:prompt_tokens_total{model_name=\"m\"} 1234\n");
         assert_eq!(s.prompt_tokens, Some(1234.0));
+    }
+
+    #[test]
+    fn reads_the_load_of_sglang_llama_cpp_and_tgi() {
+        let sglang = "sglang:num_running_reqs{model_name=\"q\",tp_rank=\"0\"} 3\n\
+            sglang:num_running_reqs{model_name=\"q\",tp_rank=\"1\"} 1\n\
+            sglang:num_queue_reqs{model_name=\"q\"} 2\n\
+            sglang:token_usage{model_name=\"q\"} 0.4\n\
+            sglang:max_total_num_tokens{model_name=\"q\"} 500000\n\
+            sglang:prompt_tokens_total{model_name=\"q\"} 1000\n\
+            sglang:cached_tokens_total{model_name=\"q\"} 250\n";
+        let s = parse(sglang);
+        assert_eq!((s.running, s.waiting, s.kv_usage), (4.0, 2.0, Some(0.4)));
+        assert_eq!((s.kv_blocks, s.kv_block_size), (Some(500_000), Some(1)));
+        assert_eq!(
+            (s.prompt_tokens, s.prefix_hits, s.prefix_queries),
+            (Some(1000.0), Some(250.0), Some(1000.0))
+        );
+        let llama = "# HELP llamacpp:prompt_tokens_total Number of prompt tokens processed.\n\
+            # TYPE llamacpp:prompt_tokens_total counter\n\
+            llamacpp:prompt_tokens_total 812\n\
+            llamacpp:requests_processing 2\n\
+            llamacpp:requests_deferred 5\n\
+            llamacpp:kv_cache_usage_ratio 0.125\n";
+        let s = parse(llama);
+        assert_eq!((s.running, s.waiting, s.kv_usage, s.prompt_tokens), (2.0, 5.0, Some(0.125), Some(812.0)));
+        let tgi = "tgi_batch_current_size 8\n\
+            tgi_queue_size 7\n\
+            tgi_request_input_length_bucket{le=\"+Inf\"} 44\n\
+            tgi_request_input_length_sum 9000\n\
+            tgi_request_input_length_count 44\n";
+        let s = parse(tgi);
+        assert_eq!((s.running, s.waiting, s.kv_usage, s.prompt_tokens), (8.0, 7.0, None, Some(9000.0)));
+    }
+
+    #[test]
+    fn reads_the_text_format_whole() {
+        // Timestamps, escaped label values holding `,` and `}`, and labels in any order.
+        let text = "vllm:num_requests_running{model_name=\"a,b}\\\"c\",engine=\"0\"} 3 1712345678000\n\
+            vllm:cache_config_info{model_name=\"x}y\",num_gpu_blocks=\"4096\",block_size=\"32\"} 1\n\
+            vllm:num_requests_waiting NaN\n\
+            vllm:num_requests_waiting{engine=\"1\"} 2\n";
+        let s = parse(text);
+        assert_eq!((s.running, s.waiting), (3.0, 2.0));
+        assert_eq!((s.kv_blocks, s.kv_block_size), (Some(4096), Some(32)));
     }
 
     #[test]

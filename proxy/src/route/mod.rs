@@ -6,6 +6,7 @@
 pub mod backend;
 pub mod budget;
 pub mod events;
+pub mod exposition;
 pub mod health;
 pub mod index;
 pub mod key;
