@@ -63,7 +63,8 @@ impl ProxyHttp for WarmpathProxy {
         RequestCtx::new()
     }
 
-    async fn early_request_filter(&self, session: &mut Session, _ctx: &mut RequestCtx) -> Result<()> {
+    async fn early_request_filter(&self, session: &mut Session, ctx: &mut RequestCtx) -> Result<()> {
+        ctx.request_id = crate::request::id::ensure(session.req_header_mut());
         let state = self.live.load();
         if state.cfg.limits.client_half_close == HalfClose::Answer {
             session.set_abort_on_close(false);
@@ -192,6 +193,7 @@ impl ProxyHttp for WarmpathProxy {
             status,
             backend,
             key,
+            request_id = %ctx.request_id,
             ms = elapsed.as_secs_f64() * 1e3,
             client_gone = ctx.client_gone,
             truncated = ctx.truncated,

@@ -307,3 +307,58 @@ fn a_slow_body_gets_408_and_json_logs_are_json() {
         "{access:?}"
     );
 }
+
+#[test]
+fn request_ids_are_kept_or_made_passed_on_logged_and_returned() {
+    let up = Scripted::start_with(|_| {
+        json!({"id": "c1", "object": "chat.completion", "created": 1, "model": "m",
+               "choices": [{"index": 0, "message": {"role": "assistant", "content": "hi"}, "finish_reason": "stop"}]})
+    });
+    let proxy = Proxy::start(&policy("[log]\nformat = \"json\"\n", "", &["m"], &[("s", up.url())]));
+    let body = chat("m", "hi", 2).to_string();
+    let send = |headers: &[(&str, &str)]| {
+        let mut h = vec![("content-type", "application/json")];
+        h.extend_from_slice(headers);
+        request(proxy.addr, "POST", "/v1/chat/completions", &h, body.as_bytes())
+    };
+    // The client's own id goes to the backend and comes back.
+    let r = send(&[("x-request-id", "client-req-7")]);
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert_eq!(r.header("x-request-id"), Some("client-req-7"));
+    // None: warmpath makes one, the backend sees the same.
+    let r = send(&[]);
+    let made = r.header("x-request-id").expect("an id").to_owned();
+    assert!(made.len() == 32 && made.bytes().all(|b| b.is_ascii_hexdigit()), "{made}");
+    // One that cannot be a header value in logs (a space) is replaced.
+    let r = send(&[("x-request-id", "two words")]);
+    let replaced = r.header("x-request-id").expect("an id").to_owned();
+    assert_ne!(replaced, "two words");
+    let heads = up.heads.lock().expect("lock").clone();
+    assert_eq!(heads.len(), 3);
+    assert!(heads[0].to_ascii_lowercase().contains("x-request-id: client-req-7"), "{}", heads[0]);
+    assert!(heads[1].contains(&made), "{}", heads[1]);
+    assert!(heads[2].contains(&replaced) && !heads[2].contains("two words"), "{}", heads[2]);
+    // Errors warmpath answers itself carry one too, and the access log names each.
+    let nope = chat("nope", "hi", 2).to_string();
+    let r = request(
+        proxy.addr,
+        "POST",
+        "/v1/chat/completions",
+        &[("x-request-id", "bad-model-1"), ("content-type", "application/json")],
+        nope.as_bytes(),
+    );
+    assert_eq!((r.status, r.header("x-request-id")), (404, Some("bad-model-1")));
+    assert_eq!(get(proxy.addr, "/health").header("x-request-id").map(str::len), Some(32));
+    assert!(eventually(std::time::Duration::from_secs(3), || proxy.log.text().contains("bad-model-1")));
+    let logged: Vec<String> = proxy
+        .log
+        .text()
+        .lines()
+        .filter(|l| l.contains("warmpath::access"))
+        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+        .filter_map(|v| v["fields"]["request_id"].as_str().map(str::to_owned))
+        .collect();
+    for id in ["client-req-7", made.as_str(), replaced.as_str(), "bad-model-1"] {
+        assert!(logged.iter().any(|l| l == id), "{id} not in the access log: {logged:?}");
+    }
+}

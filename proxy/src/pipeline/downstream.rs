@@ -34,7 +34,12 @@ pub trait Downstream: Send {
 
 #[async_trait]
 impl Downstream for Session {
-    async fn write_response_header(&mut self, header: Box<ResponseHeader>, end: bool) -> pingora::Result<()> {
+    async fn write_response_header(
+        &mut self,
+        mut header: Box<ResponseHeader>,
+        end: bool,
+    ) -> pingora::Result<()> {
+        crate::request::id::stamp(self.req_header(), &mut header);
         Session::write_response_header(self, header, end).await
     }
 

@@ -12,6 +12,8 @@ use crate::observe::Active;
 #[derive(Debug)]
 pub struct RequestCtx {
     pub start: Instant,
+    /// `x-request-id`: the client's, or one warmpath made (set before anything reads it).
+    pub request_id: String,
     /// The `route` label: an LLM route, `models`, or `other`.
     pub route: &'static str,
     pub backend: Option<String>,
@@ -40,6 +42,7 @@ impl RequestCtx {
     pub fn new() -> RequestCtx {
         RequestCtx {
             start: Instant::now(),
+            request_id: String::new(),
             route: "other",
             backend: None,
             pool: None,

@@ -121,10 +121,11 @@ pub async fn serve(live: &Arc<Live>, session: &mut Session, ctx: &mut RequestCtx
     };
     let key =
         session.req_header().headers.get("sec-websocket-key").and_then(|v| v.to_str().ok()).unwrap_or("");
-    let mut h = ResponseHeader::build(101, Some(3))?;
+    let mut h = ResponseHeader::build(101, Some(4))?;
     h.insert_header(http::header::UPGRADE, "websocket")?;
     h.insert_header(http::header::CONNECTION, "Upgrade")?;
     h.insert_header("sec-websocket-accept", accept_key(key.trim()))?;
+    crate::request::id::stamp(session.req_header(), &mut h);
     session.write_response_header(Box::new(h), false).await?;
     ctx.status = 101;
     let head = Head::of(session.req_header()).with_key(ctx.key.clone());
