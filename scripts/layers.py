@@ -13,7 +13,7 @@ import sys
 # Bottom first. A module may import from the layers before its own.
 LAYERS = [
     ["config", "request", "observe"],          # foundations: plain data, the parsed request, metrics
-    ["limits", "upstream", "tls", "shared"],   # connection-level limits and TLS, connections to backends and to Redis
+    ["limits", "upstream", "tls", "shared", "otlp"],   # connection-level limits and TLS, connections to backends and to Redis, trace export
     ["tools", "safety"],                       # deferred tool discovery, safety checks (pure)
     ["canon", "cache", "session", "route", "embedded", "auth"],  # the stages, each owning its state
     ["state", "policy"],                       # shared state, pools with every stage's part, request context; the policy file loaded

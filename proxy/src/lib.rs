@@ -30,6 +30,7 @@ pub mod entry;
 pub mod http;
 pub mod limits;
 pub mod observe;
+pub mod otlp;
 pub mod pipeline;
 pub mod policy;
 pub mod reload;

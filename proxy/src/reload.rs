@@ -217,6 +217,9 @@ fn unchangeable(old: &Config, new: &Config) -> Result<(), String> {
             "embedded replicas cannot change by reload (which pools have them, and [pools.embedded]): {restart}"
         ));
     }
+    if format!("{:?}", old.tracing) != format!("{:?}", new.tracing) {
+        return Err(format!("[tracing] cannot change by reload: {restart}"));
+    }
     Ok(())
 }
 

@@ -85,7 +85,27 @@ pub fn run(policy: Policy, opts: RunOptions) -> anyhow::Result<()> {
         }
         replicas.insert(cfg.pools[*pi].name.clone(), addrs.clone());
     }
-    let metrics = Metrics::new();
+    let mut metrics = Metrics::new();
+    // Request traces over OTLP, where an endpoint is set (validated with the policy).
+    let otlp = match cfg.tracing.target() {
+        Some(Ok(target)) => {
+            let t = &cfg.tracing;
+            let (tracer, queue) = crate::observe::Tracer::new(
+                t.sample_ratio,
+                t.max_queued_traces,
+                metrics.traces_dropped.clone(),
+            );
+            metrics.tracer = tracer;
+            Some(crate::otlp::OtlpExport {
+                target,
+                service_name: t.service_name.clone(),
+                every: Duration::from_millis(t.export_interval_ms),
+                metrics: metrics.clone(),
+                queue: std::sync::Mutex::new(Some(queue)),
+            })
+        }
+        _ => None,
+    };
     let base = Base {
         metrics: metrics.clone(),
         lifecycle: Arc::new(Lifecycle::default()),
@@ -220,6 +240,9 @@ pub fn run(policy: Policy, opts: RunOptions) -> anyhow::Result<()> {
     server.add_service(triggers);
     server.add_service(dns);
     server.add_service(certs);
+    if let Some(export) = otlp {
+        server.add_service(background_service("warmpath traces", export));
+    }
 
     let listen = cfg.server.listen;
     let model = cfg

@@ -64,7 +64,71 @@ pub struct Config {
     #[serde(default)]
     pub redis: RedisConfig,
     #[serde(default)]
+    pub tracing: TracingConfig,
+    #[serde(default)]
     pub pools: Vec<PoolConfig>,
+}
+
+/// `[tracing]`: request traces over OTLP (off until an endpoint is set).
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct TracingConfig {
+    /// The collector's OTLP/HTTP base URL (`http://127.0.0.1:4318`); traces go to
+    /// `{otlp_endpoint}/v1/traces`.
+    pub otlp_endpoint: Option<String>,
+    pub service_name: String,
+    /// Share of requests traced (0–1); a client's sampled `traceparent` is always followed.
+    pub sample_ratio: f64,
+    /// How often queued traces are sent.
+    pub export_interval_ms: u64,
+    /// Traces held for export at most; more are dropped (`warmpath_traces_dropped_total`).
+    pub max_queued_traces: usize,
+}
+
+/// Where traces are posted: host, port and path of `{otlp_endpoint}/v1/traces`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct OtlpTarget {
+    pub host: String,
+    pub port: u16,
+    pub path: String,
+}
+
+impl TracingConfig {
+    /// The endpoint, read: plain `http://HOST[:PORT][/PATH]` (a collector runs beside
+    /// warmpath; TLS to a remote one is the collector's job). `None` when tracing is off.
+    pub fn target(&self) -> Option<Result<OtlpTarget, String>> {
+        let url = self.otlp_endpoint.as_deref()?;
+        let Some(rest) = url.strip_prefix("http://") else {
+            return Some(Err(format!("{url:?}: only http:// (send to a local OpenTelemetry Collector)")));
+        };
+        let (authority, path) = match rest.find('/') {
+            Some(i) => (&rest[..i], rest[i..].trim_end_matches('/')),
+            None => (rest, ""),
+        };
+        let (host, port) = match authority.rsplit_once(':') {
+            Some((h, p)) if !h.ends_with(']') || h.starts_with('[') => match p.parse::<u16>() {
+                Ok(p) => (h, p),
+                Err(_) => return Some(Err(format!("{url:?}: bad port {p:?}"))),
+            },
+            _ => (authority, 4318),
+        };
+        if host.is_empty() {
+            return Some(Err(format!("{url:?}: no host")));
+        }
+        Some(Ok(OtlpTarget { host: host.to_owned(), port, path: format!("{path}/v1/traces") }))
+    }
+}
+
+impl Default for TracingConfig {
+    fn default() -> Self {
+        TracingConfig {
+            otlp_endpoint: None,
+            service_name: "warmpath".to_owned(),
+            sample_ratio: 1.0,
+            export_interval_ms: 1000,
+            max_queued_traces: 2048,
+        }
+    }
 }
 
 /// `[server]`: listeners and worker threads.

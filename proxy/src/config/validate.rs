@@ -100,6 +100,17 @@ pub fn validate(cfg: &Config) -> Result<(), Invalid> {
         return Err(h.key("path").err(format!("{:?} must start with /", cfg.health.path)));
     }
     positive(root.key("retry").key("max_attempts"), cfg.retry.max_attempts.into())?;
+    let tr = root.key("tracing");
+    if let Some(Err(e)) = cfg.tracing.target() {
+        return Err(tr.key("otlp_endpoint").err(e));
+    }
+    if !(0.0..=1.0).contains(&cfg.tracing.sample_ratio) {
+        return Err(tr
+            .key("sample_ratio")
+            .err(format!("{} is not between 0 and 1", cfg.tracing.sample_ratio)));
+    }
+    positive(tr.key("export_interval_ms"), cfg.tracing.export_interval_ms)?;
+    positive(tr.key("max_queued_traces"), cfg.tracing.max_queued_traces as u64)?;
     let sess = root.key("session");
     positive(sess.key("max_mib"), cfg.session.max_mib)?;
     positive(sess.key("ttl_s"), cfg.session.ttl_s)?;

@@ -165,6 +165,12 @@ pub struct Metrics {
     pub queue_rejected: IntCounterVec,
     /// The last routing decisions, refusals and WebSocket ends, for the status page.
     pub recent: std::sync::Arc<super::Recent>,
+    /// Where sampled request traces go (`[tracing]`; off by default).
+    pub tracer: super::Tracer,
+    /// Traces dropped because the export queue was full.
+    pub traces_dropped: IntCounter,
+    /// `result` (`ok`, `error`): OTLP export calls.
+    pub trace_exports: IntCounterVec,
 }
 
 impl Metrics {
@@ -216,6 +222,15 @@ impl Metrics {
             registry.register(Box::new(h.clone())).expect("unique metric");
             h
         };
+        let traces_dropped = int_counter(
+            "warmpath_traces_dropped_total",
+            "Request traces dropped because the OTLP export queue was full.",
+        );
+        let trace_exports = counter(
+            "warmpath_trace_exports_total",
+            "OTLP trace export calls, by result (ok, error).",
+            &["result"],
+        );
         let m = Metrics {
             response_cache_requests: counter(
                 "warmpath_response_cache_requests_total",
@@ -546,6 +561,9 @@ impl Metrics {
             inflight_total,
             registry,
             recent: Default::default(),
+            tracer: Default::default(),
+            traces_dropped,
+            trace_exports,
         };
         m.build_info.with_label_values(&[env!("CARGO_PKG_VERSION")]).set(1);
         m

@@ -6,8 +6,10 @@ mod admin;
 mod lifecycle;
 mod metrics;
 mod recent;
+pub mod trace;
 
 pub use admin::{AdminApp, Reload, Status, Unready};
 pub use lifecycle::{Active, Lifecycle};
 pub use metrics::Metrics;
 pub use recent::{Event, Recent};
+pub use trace::{Trace, Tracer};

@@ -21,6 +21,7 @@ use super::headers::{is_sse, response_header, WarmpathHeaders};
 use super::relay::{end_stream, end_stream_with_error, ResponseId, StreamEnd, Tail};
 use super::respond::send_error;
 use super::Outgoing;
+use crate::observe::trace::Kind;
 use crate::request::head::RequestTemplate;
 use crate::request::LlmRoute;
 use crate::route::{self, key, Backend, Selected};
@@ -61,6 +62,7 @@ impl Rounds<'_> {
     async fn next(
         &mut self,
         down: &mut dyn Downstream,
+        ctx: &mut RequestCtx,
         turn: SearchTurn,
         calls: &[search::SearchCall],
     ) -> pingora::Result<Result<Option<(HttpSession, ResponseHeader)>, String>> {
@@ -73,11 +75,21 @@ impl Rounds<'_> {
         self.body = Bytes::from(self.plan.follow_up(&self.body, &answer.messages));
         answer.record(&self.state.metrics, &self.pool.name, t.elapsed());
         self.done += 1;
-        Ok(match attempt::open(self.state, down, self.backend, self.template, &self.body).await? {
+        let next = match attempt::open(self.state, down, self.backend, self.template, &self.body).await? {
             Reached::Header(up, header) => Ok(Some((up, header))),
             Reached::ClientGone => Ok(None),
             Reached::Failed(f) => Err(f.label().to_owned()),
-        })
+        };
+        if ctx.traced() {
+            // The search answered and the next call sent, up to its response header.
+            let attrs = vec![
+                ("warmpath.round", (self.done as u64).into()),
+                ("warmpath.searches", (calls.len() as u64).into()),
+                ("warmpath.backend", self.backend.name.as_str().into()),
+            ];
+            ctx.span("tool_search round", Kind::Internal, t, attrs, next.as_ref().err().cloned());
+        }
+        Ok(next)
     }
 }
 
@@ -152,7 +164,7 @@ async fn whole(
         let out = match (searches, parsed) {
             (Some((turn, calls)), Some(v)) if r.done < r.plan.max_rounds => {
                 search::add_usage(&mut earlier, v.get("usage"));
-                match r.next(down, turn, &calls).await? {
+                match r.next(down, ctx, turn, &calls).await? {
                     Ok(Some((next_up, next_header))) => {
                         up = next_up;
                         header = next_header;
@@ -306,7 +318,7 @@ async fn stream(
         let mut end = String::new();
         match round.searches() {
             Some((content, calls)) if r.done < r.plan.max_rounds => {
-                match r.next(down, SearchTurn::Chat(content), &calls).await? {
+                match r.next(down, ctx, SearchTurn::Chat(content), &calls).await? {
                     Ok(Some((next_up, h))) if h.status.as_u16() == 200 && is_sse(&h) => {
                         up = next_up;
                         round = round.next_round();

@@ -16,6 +16,7 @@ use super::relay::{
     end_stream, end_stream_with_error, pump, PrefillWatch, Pumped, ResponseId, StreamEnd, Tail, UsageTail,
 };
 use super::Outgoing;
+use crate::observe::trace::Kind;
 use crate::request::LlmRoute;
 use crate::route::{key, RouteKey, Selected};
 use crate::state::RequestCtx;
@@ -31,15 +32,28 @@ pub(super) async fn forward(
     let (state, pool) = (out.state, &*out.pool.route);
     let mut retries = Retries::new(state, pool);
     loop {
+        let routing = Instant::now();
         let sel = match retries.next(key, out.priority).await {
             Ok(Some(sel)) => sel,
             Ok(None) => break,
             Err(why) => {
                 let (e, reason) = attempt::no_backend(why, &pool.name);
+                let attrs = vec![("warmpath.pool", pool.name.as_str().into())];
+                ctx.span("route", Kind::Internal, routing, attrs, Some(reason.to_owned()));
                 return super::reject(state, down, ctx, &e, reason).await;
             }
         };
         let backend = sel.backend().clone();
+        if ctx.traced() {
+            let attrs = vec![
+                ("warmpath.pool", pool.name.as_str().into()),
+                ("warmpath.policy", pool.policy.name().into()),
+                ("warmpath.reason", sel.reason.into()),
+                ("warmpath.backend", backend.name.as_str().into()),
+                ("warmpath.detail", sel.detail.as_str().into()),
+            ];
+            ctx.span("route", Kind::Internal, routing, attrs, None);
+        }
         ctx.backend = Some(backend.name.clone());
         if ctx.pool.is_none() {
             ctx.pool = Some(pool.name.clone());
@@ -54,27 +68,49 @@ pub(super) async fn forward(
         }
         state.metrics.recent.push("route", &pool.name, &backend.name, sel.reason, &sel.detail);
         let headers = WarmpathHeaders { route: &route_hdr, prefix: out.prefix, cache: out.cache };
+        let (sent, attempt_no) = (Instant::now(), retries.attempt);
+        let attempt_span = |ctx: &mut RequestCtx, status: Option<u16>, error: Option<&str>| {
+            if ctx.traced() {
+                let mut attrs = vec![
+                    ("warmpath.backend", backend.name.as_str().into()),
+                    ("warmpath.attempt", u64::from(attempt_no).into()),
+                ];
+                if let Some(s) = status {
+                    attrs.push(("http.response.status_code", i64::from(s).into()));
+                }
+                ctx.span("upstream attempt", Kind::Client, sent, attrs, error.map(str::to_owned));
+            }
+        };
         let (up, header) = match attempt::reach(state, down, &backend, out.template, &out.body).await? {
             Reached::Header(up, header) => (up, header),
             Reached::ClientGone => {
+                attempt_span(ctx, None, Some("the client left"));
                 super::client_left(state, down, ctx);
                 ctx.status = 499;
                 return Ok(());
             }
             Reached::Failed(f) => {
+                attempt_span(ctx, None, Some(f.label()));
                 retries.failed(&backend, f);
                 continue;
             }
         };
-        let answered = match (out.search, header.status.as_u16()) {
+        let status = header.status.as_u16();
+        let answered = match (out.search, status) {
             (Some(plan), 200) => {
                 super::deferred::serve(out, &sel, plan, down, ctx, (up, header), headers).await?
             }
             _ => relay_answer(out, &sel, down, ctx, (up, header), headers).await?,
         };
         match answered {
-            Attempt::Done => return Ok(()),
-            Attempt::Failed(f) => retries.failed(&backend, f),
+            Attempt::Done => {
+                attempt_span(ctx, Some(status), None);
+                return Ok(());
+            }
+            Attempt::Failed(f) => {
+                attempt_span(ctx, Some(status), Some(f.label()));
+                retries.failed(&backend, f)
+            }
         }
     }
     let headers = WarmpathHeaders { route: "exhausted", prefix: out.prefix, cache: out.cache };

@@ -24,13 +24,15 @@ pub(super) struct InputGate<'d> {
     /// When the client got the first bytes of the body (what the release policy held back is
     /// not sent until it lets go of it).
     first_sent: Option<Instant>,
+    /// When the checks decided (for the trace's safety span).
+    decided_at: Option<Instant>,
 }
 
 impl<'d> InputGate<'d> {
     /// `pending` is the verdict to wait for (none: the input already passed).
     pub fn new(inner: &'d mut dyn Downstream, pending: Option<Pending>, names: &'d str) -> InputGate<'d> {
         let decision = pending.is_none().then_some(Decision::Pass);
-        InputGate { inner, pending, decision, names, first_sent: None }
+        InputGate { inner, pending, decision, names, first_sent: None, decided_at: None }
     }
 
     async fn decide(&mut self) -> &Decision {
@@ -40,6 +42,7 @@ impl<'d> InputGate<'d> {
                 None => Decision::Pass,
             };
             self.decision = Some(d);
+            self.decided_at = Some(Instant::now());
         }
         self.decision.get_or_insert(Decision::Pass)
     }
@@ -47,6 +50,12 @@ impl<'d> InputGate<'d> {
     /// The input's verdict, waiting for it.
     pub async fn verdict(&mut self) -> Decision {
         self.decide().await.clone()
+    }
+
+    /// When the checks still running beside the backend call decided (none: they had decided
+    /// before it began, or nobody asked yet).
+    pub fn decided_at(&self) -> Option<Instant> {
+        self.decided_at
     }
 
     /// When the client got the first bytes of the answer's body.

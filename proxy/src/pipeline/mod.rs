@@ -42,10 +42,11 @@ use downstream::Stamped;
 
 use crate::canon::Prepared;
 use crate::config::InputMode;
+use crate::observe::trace::Kind;
 use crate::request::head::{Head, RequestTemplate};
 use crate::request::{LlmRequest, LlmRoute};
 use crate::route::key::route_key;
-use crate::safety::Safety;
+use crate::safety::{Decision, Safety};
 use crate::state::{AppState, Pool, RequestCtx};
 use crate::tools::search::SearchPlan;
 use cached::Lookup;
@@ -151,14 +152,17 @@ async fn admitted(
         return stages(state, pool, down, ctx, parsed, body, head).await;
     };
     let refused = Refused::of(&parsed);
+    let checks = Instant::now();
     let mut input = safety.input(&parsed, body, head.texts.as_deref());
     if let Some(d) = input.refused.take() {
+        safety_span(ctx, checks, None, &d, "rules");
         return refuse(state, down, ctx, safety, &refused, &d).await;
     }
     // The sequential baseline: the remote checks decide before anything goes out.
     if safety.input.mode == InputMode::Before {
         if let Some(mut p) = input.pending.take() {
             let d = p.decided().await;
+            safety_span(ctx, checks, None, &d, "before");
             if d.blocks() {
                 return refuse(state, down, ctx, safety, &refused, &d).await;
             }
@@ -191,10 +195,36 @@ async fn admitted(
     // TTFT is what the client waited: held text counts from its release.
     ctx.first_byte = gate.first_sent();
     let d = gate.verdict().await;
+    if safety.input.mode != InputMode::Before {
+        safety_span(ctx, checks, gate.decided_at(), &d, "concurrent");
+    }
     if d.blocks() {
         return refuse(state, gate.into_inner(), ctx, safety, &refused, &d).await;
     }
     Ok(())
+}
+
+/// The input checks' span: from their start to their verdict.
+fn safety_span(
+    ctx: &mut RequestCtx,
+    start: Instant,
+    decided: Option<Instant>,
+    d: &Decision,
+    mode: &'static str,
+) {
+    let Some(trace) = &mut ctx.trace else { return };
+    let mut attrs = vec![("warmpath.safety.mode", mode.into())];
+    let verdict = match d {
+        Decision::Pass => "pass".to_owned(),
+        Decision::Block { check, category } => {
+            attrs.push(("warmpath.safety.check", (*check).into()));
+            attrs.push(("warmpath.safety.category", category.as_str().into()));
+            "block".to_owned()
+        }
+    };
+    attrs.push(("warmpath.safety.verdict", verdict.into()));
+    let end = decided.unwrap_or_else(Instant::now).max(start);
+    trace.span("safety input", Kind::Internal, (start, end), attrs, None);
 }
 
 /// Answers a request its input checks refused, counted.

@@ -7,6 +7,7 @@ use std::time::Instant;
 use super::Pool;
 use crate::cache::Recording;
 use crate::limits::Held;
+use crate::observe::trace::{Attr, Kind, Trace};
 use crate::observe::Active;
 
 #[derive(Debug)]
@@ -36,6 +37,8 @@ pub struct RequestCtx {
     _active: Active,
     /// Its body's bytes, held against `[limits] max_buffered_mib` until the request ends.
     pub held: Option<Held>,
+    /// Its trace, where `[tracing]` is on and it was sampled: the stages add spans to it.
+    pub trace: Option<Trace>,
 }
 
 impl RequestCtx {
@@ -55,7 +58,28 @@ impl RequestCtx {
             usage: None,
             _active: Active::start(),
             held: None,
+            trace: None,
         }
+    }
+}
+
+impl RequestCtx {
+    /// A span of the request's trace, from `start` to now (nothing when it is not traced).
+    pub fn span(
+        &mut self,
+        name: &'static str,
+        kind: Kind,
+        start: Instant,
+        attrs: Vec<(&'static str, Attr)>,
+        error: Option<String>,
+    ) {
+        if let Some(t) = &mut self.trace {
+            t.span(name, kind, (start, Instant::now()), attrs, error);
+        }
+    }
+
+    pub fn traced(&self) -> bool {
+        self.trace.is_some()
     }
 }
 
