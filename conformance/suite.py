@@ -1,0 +1,464 @@
+"""warmpath's drop-in claim, checked against real servers: every scenario runs with the official
+`openai` Python SDK directly against a backend and through warmpath in front of it, and the two
+answers are compared field by field (ids and timestamps aside). Backends: the bundled engine
+(`warmpath-engine`) and llama.cpp's `llama-server`, both serving SmolLM2-135M-Instruct from the
+same GGUF file. Responses (which neither backend serves the way warmpath does) are compared
+with the chat answer to the same conversation; errors by status and shape.
+
+    python conformance/suite.py --warmpath BIN --engine BIN [--llama-server BIN]
+                                [--quick] [--table FILE] [--json FILE]
+
+Prints one line per scenario and backend; exits 1 when any fails. `--table` writes the
+scenario × backend table (conformance/README.md's is written this way).
+"""
+import argparse
+import json
+import math
+import os
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+
+import openai
+
+MODEL = "smollm2-135m-instruct"
+GGUF = os.path.join(os.environ.get("WARMPATH_CACHE", os.path.expanduser("~/.cache/warmpath")),
+                    "models", "SmolLM2-135M-Instruct.Q4_1.gguf")
+SYSTEM = "You are a helpful assistant."
+VOLATILE = {"id", "created", "system_fingerprint", "timings", "service_tier"}
+# What the backend's prefix cache held (a fact of the cache, not of the proxy): compared away.
+CACHE_STATE = {"cached_tokens"}
+# Before each request: the backend forgets what it cached, so that a prompt is computed the
+# same way (from scratch) direct and through warmpath. Set per backend.
+FRESH = [lambda: None]
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_http(url, timeout=120, proc=None):
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        if proc is not None and proc.poll() is not None:
+            raise SystemExit(f"{url}: the server exited ({proc.returncode})")
+        try:
+            with urllib.request.urlopen(url, timeout=2) as r:
+                if r.status == 200:
+                    return
+        except Exception:  # noqa: BLE001 - not up yet
+            pass
+        time.sleep(0.2)
+    raise SystemExit(f"{url} did not answer in {timeout} s")
+
+
+class Servers:
+    """The backends and warmpath in front of them, killed at exit."""
+
+    def __init__(self, args, work):
+        self.procs, self.backends = [], {}
+        logs = lambda name: open(os.path.join(work, f"{name}.log"), "w")  # noqa: E731
+        port = free_port()
+        self.spawn([args.engine, "--executor", "llama", "--model", MODEL, "--served-model-name", MODEL,
+                    "--host", "127.0.0.1", "--port", str(port), "--max-model-len", "2048"], logs("engine"))
+        self.backends["engine"] = f"http://127.0.0.1:{port}"
+        if args.llama_server:
+            port = free_port()
+            self.spawn([args.llama_server, "-m", GGUF, "--host", "127.0.0.1", "--port", str(port),
+                        "--alias", MODEL, "-c", "2048", "--jinja", "-t", "2", "--metrics", "-np", "1"], logs("llama-server"))
+            self.backends["llama-server"] = f"http://127.0.0.1:{port}"
+        for name, url in self.backends.items():
+            wait_http(url + "/health", proc=self.procs[-1] if name == "llama-server" else None)
+        # One warmpath per backend, routing only: the request bytes go on as sent.
+        self.proxies = {}
+        for name, url in self.backends.items():
+            listen, admin = free_port(), free_port()
+            policy = os.path.join(work, f"{name}.toml")
+            with open(policy, "w") as f:
+                f.write(f'[server]\nlisten = "127.0.0.1:{listen}"\nadmin = "127.0.0.1:{admin}"\n'
+                        f'[[pools]]\nname = "{name}"\nmodels = ["{MODEL}"]\n'
+                        f'[[pools.backends]]\nname = "{name}"\nurl = "{url}"\n')
+            self.spawn([args.warmpath, "--config", policy], logs(f"warmpath-{name}"))
+            wait_http(f"http://127.0.0.1:{admin}/readyz")
+            self.proxies[name] = f"http://127.0.0.1:{listen}"
+
+    def spawn(self, cmd, log):
+        self.procs.append(subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT))
+
+    def close(self):
+        for p in self.procs:
+            p.kill()
+            p.wait()
+
+
+# --- comparing answers ----------------------------------------------------------------------
+
+def plain(obj):
+    """The SDK object as JSON data, volatile fields left out."""
+    if hasattr(obj, "model_dump"):
+        obj = obj.model_dump(exclude_none=False)
+    if isinstance(obj, dict):
+        return {k: plain(v) for k, v in obj.items() if k not in VOLATILE | CACHE_STATE}
+    if isinstance(obj, list):
+        return [plain(v) for v in obj]
+    return obj
+
+
+def diff(a, b, path="$"):
+    """Where `a` and `b` differ (floats within 1e-4), as a list of strings."""
+    if isinstance(a, float) and isinstance(b, float):
+        same = (math.isnan(a) and math.isnan(b)) or abs(a - b) <= 1e-4 * max(1.0, abs(a))
+        return [] if same else [f"{path}: {a!r} != {b!r}"]
+    if isinstance(a, dict) and isinstance(b, dict):
+        out = []
+        for k in sorted(set(a) | set(b)):
+            if k not in a or k not in b:
+                out.append(f"{path}.{k}: only {'direct' if k in a else 'warmpath'} has it")
+            else:
+                out += diff(a[k], b[k], f"{path}.{k}")
+        return out
+    if isinstance(a, list) and isinstance(b, list):
+        if len(a) != len(b):
+            return [f"{path}: {len(a)} items != {len(b)}"]
+        return [d for i, (x, y) in enumerate(zip(a, b)) for d in diff(x, y, f"{path}[{i}]")]
+    return [] if a == b else [f"{path}: {a!r} != {b!r}"]
+
+
+def outcome(call):
+    """What a call gave: ("ok", data) or ("error", status, the error body)."""
+    FRESH[0]()
+    try:
+        return ("ok", call())
+    except openai.APIStatusError as e:
+        body = e.body if isinstance(e.body, dict) else {"raw": str(e.body)}
+        return ("error", e.status_code, body)
+
+
+def same(direct, proxied):
+    if direct[0] == "error" or proxied[0] == "error":
+        if direct[0] != proxied[0] or direct[1] != proxied[1]:
+            return [f"direct {direct[:2]} vs warmpath {proxied[:2]}: {proxied[-1]}"]
+        return []
+    return diff(direct[1], proxied[1])
+
+
+def chat_messages(user):
+    return [{"role": "system", "content": SYSTEM}, {"role": "user", "content": user}]
+
+
+# --- scenarios: each returns a list of differences (empty: pass) -----------------------------
+
+def s_models(d, p):
+    ids_d = sorted(m.id for m in d.models.list().data)
+    got = p.models.list()
+    ids_p = sorted(m.id for m in got.data)
+    out = [] if MODEL in ids_p else [f"warmpath lists {ids_p}"]
+    out += [] if MODEL in ids_d else [f"the backend lists {ids_d}"]
+    for m in got.data:
+        if m.object != "model" or not isinstance(m.created, int) or not m.owned_by:
+            out.append(f"model entry not in OpenAI's shape: {m}")
+    return out
+
+
+def s_chat(d, p):
+    kw = dict(model=MODEL, messages=chat_messages("What is the capital of France?"), max_tokens=24, temperature=0)
+    return same(outcome(lambda: plain(d.chat.completions.create(**kw))),
+                outcome(lambda: plain(p.chat.completions.create(**kw))))
+
+
+def stream_of(client, **kw):
+    chunks = [plain(c) for c in client.chat.completions.create(stream=True, **kw)]
+    return {"deltas": [[ch["delta"] for ch in c["choices"]] for c in chunks],
+            "finish": [ch["finish_reason"] for c in chunks for ch in c["choices"] if ch["finish_reason"]],
+            "usage": [c["usage"] for c in chunks if c.get("usage")],
+            "object": sorted({c["object"] for c in chunks})}
+
+
+def s_chat_stream(d, p):
+    kw = dict(model=MODEL, messages=chat_messages("Name three colors."), max_tokens=20, temperature=0,
+              stream_options={"include_usage": True})
+    return same(outcome(lambda: stream_of(d, **kw)), outcome(lambda: stream_of(p, **kw)))
+
+
+TOOLS = [{"type": "function", "function": {
+    "name": "get_weather", "description": "The weather forecast for a city.",
+    "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}]
+
+
+def s_chat_tools(d, p):
+    kw = dict(model=MODEL, messages=chat_messages("What is the weather in Oslo?"), tools=TOOLS,
+              max_tokens=40, temperature=0)
+    return same(outcome(lambda: plain(d.chat.completions.create(**kw))),
+                outcome(lambda: plain(p.chat.completions.create(**kw))))
+
+
+def s_chat_n(d, p):
+    kw = dict(model=MODEL, messages=chat_messages("Say hello."), max_tokens=8, temperature=0, n=2)
+    return same(outcome(lambda: plain(d.chat.completions.create(**kw))),
+                outcome(lambda: plain(p.chat.completions.create(**kw))))
+
+
+def s_chat_stop(d, p):
+    kw = dict(model=MODEL, messages=chat_messages("Count from one to ten in words."), max_tokens=40,
+              temperature=0, stop=["five", "Five"])
+    return same(outcome(lambda: plain(d.chat.completions.create(**kw))),
+                outcome(lambda: plain(p.chat.completions.create(**kw))))
+
+
+def s_chat_logprobs(d, p):
+    kw = dict(model=MODEL, messages=chat_messages("Say yes."), max_tokens=4, temperature=0, logprobs=True,
+              top_logprobs=2)
+    return same(outcome(lambda: plain(d.chat.completions.create(**kw))),
+                outcome(lambda: plain(p.chat.completions.create(**kw))))
+
+
+def s_completions(d, p):
+    kw = dict(model=MODEL, prompt="The capital of France is", max_tokens=12, temperature=0)
+    return same(outcome(lambda: plain(d.completions.create(**kw))),
+                outcome(lambda: plain(p.completions.create(**kw))))
+
+
+def s_completions_stream(d, p):
+    kw = dict(model=MODEL, prompt="One, two, three,", max_tokens=10, temperature=0)
+    get = lambda c: [[ch["text"] for ch in plain(x)["choices"]] for x in c.completions.create(stream=True, **kw)]  # noqa: E731
+    return same(outcome(lambda: get(d)), outcome(lambda: get(p)))
+
+
+def s_embeddings(d, p):
+    kw = dict(model=MODEL, input=["warm path", "cold path"])
+    return same(outcome(lambda: plain(d.embeddings.create(**kw))), outcome(lambda: plain(p.embeddings.create(**kw))))
+
+
+def s_responses_http(d, p):
+    """Through warmpath's Responses API, against the backend's chat answer to the same turn."""
+    FRESH[0]()
+    chat = d.chat.completions.create(model=MODEL, messages=chat_messages("What is the capital of France?"),
+                                     max_tokens=24, temperature=0)
+    FRESH[0]()
+    r = p.responses.create(model=MODEL, instructions=SYSTEM, input="What is the capital of France?",
+                           max_output_tokens=24, temperature=0)
+    out = diff(chat.choices[0].message.content, r.output_text, "$.output_text")
+    out += diff(chat.usage.prompt_tokens, r.usage.input_tokens, "$.usage.input_tokens")
+    out += diff(chat.usage.completion_tokens, r.usage.output_tokens, "$.usage.output_tokens")
+    if r.object != "response" or r.status not in ("completed", "incomplete"):
+        out.append(f"not a finished response object: {r.object} {r.status}")
+    # Continued by id: warmpath keeps the conversation.
+    FRESH[0]()
+    r2 = p.responses.create(model=MODEL, previous_response_id=r.id, input="And of Italy?", max_output_tokens=16,
+                            temperature=0)
+    FRESH[0]()
+    chat2 = d.chat.completions.create(model=MODEL, max_tokens=16, temperature=0, messages=chat_messages(
+        "What is the capital of France?") + [{"role": "assistant", "content": r.output_text},
+                                             {"role": "user", "content": "And of Italy?"}])
+    out += diff(chat2.choices[0].message.content, r2.output_text, "$.turn2.output_text")
+    return out
+
+
+def s_responses_ws(d, p):
+    FRESH[0]()
+    chat = d.chat.completions.create(model=MODEL, messages=chat_messages("Name a fruit."), max_tokens=16,
+                                     temperature=0)
+    text, done = "", None
+    FRESH[0]()
+    with p.responses.connect() as conn:
+        conn.response.create(model=MODEL, instructions=SYSTEM, input="Name a fruit.", max_output_tokens=16,
+                             temperature=0)
+        for event in conn:
+            if event.type == "response.output_text.delta":
+                text += event.delta
+            if event.type in ("response.completed", "response.incomplete", "response.failed", "error"):
+                done = event
+                break
+    if done is None or done.type not in ("response.completed", "response.incomplete"):
+        return [f"the turn ended with {done}"]
+    return diff(chat.choices[0].message.content, text, "$.text") + diff(
+        chat.choices[0].message.content, done.response.output_text, "$.response.output_text")
+
+
+def s_errors(d, p):
+    """Refusals in OpenAI's shape: a bad request as the backend answers it, an unknown model
+    and a malformed body as warmpath answers them (404 model_not_found; 400)."""
+    out = []
+    bad = dict(model=MODEL, messages=chat_messages("hi"), max_tokens=-5)
+    got_d, got_p = outcome(lambda: plain(d.chat.completions.create(**bad))), outcome(
+        lambda: plain(p.chat.completions.create(**bad)))
+    out += [] if got_d[:2] == got_p[:2] else [f"max_tokens=-5: direct {got_d[:2]} vs warmpath {got_p[:2]}"]
+    e = outcome(lambda: p.chat.completions.create(model="no-such-model", messages=chat_messages("hi")))
+    if e[0] != "error" or e[1] != 404 or e[2].get("code") != "model_not_found":
+        out.append(f"unknown model: {e}")
+    raw = urllib.request.Request(str(p.base_url) + "chat/completions", data=b"{not json", method="POST",
+                                 headers={"content-type": "application/json"})
+    try:
+        urllib.request.urlopen(raw, timeout=10)
+        out.append("malformed JSON was accepted")
+    except urllib.error.HTTPError as h:
+        body = json.loads(h.read())
+        err = body.get("error", {})
+        if h.code != 400 or not {"message", "type", "param", "code"} <= set(err):
+            out.append(f"malformed JSON: {h.code} {body}")
+    return out
+
+
+# vLLM's metric definitions the bundled engine claims (vllm/v1/metrics/loggers.py): name, type,
+# and for histograms the bucket bounds, so that dashboards and alerts built for vLLM read it.
+_LATENCY = [0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0, 120.0, 240.0,
+            480.0, 960.0, 1920.0, 7680.0]
+VLLM_METRICS = {
+    "vllm:num_requests_running": ("gauge", None),
+    "vllm:num_requests_waiting": ("gauge", None),
+    "vllm:kv_cache_usage_perc": ("gauge", None),
+    "vllm:prefix_cache_queries_total": ("counter", None),
+    "vllm:prefix_cache_hits_total": ("counter", None),
+    "vllm:num_preemptions_total": ("counter", None),
+    "vllm:prompt_tokens_total": ("counter", None),
+    "vllm:generation_tokens_total": ("counter", None),
+    "vllm:request_success_total": ("counter", None),
+    "vllm:cache_config_info": ("gauge", None),
+    "vllm:time_to_first_token_seconds": ("histogram", [0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5,
+                                                       0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0, 160.0,
+                                                       640.0, 2560.0]),
+    "vllm:inter_token_latency_seconds": ("histogram", [0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5,
+                                                       0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0]),
+    "vllm:e2e_request_latency_seconds": ("histogram", _LATENCY),
+    "vllm:request_queue_time_seconds": ("histogram", _LATENCY),
+    "vllm:request_prefill_time_seconds": ("histogram", _LATENCY),
+    "vllm:request_decode_time_seconds": ("histogram", _LATENCY),
+}
+
+
+def s_vllm_metrics(d, p):
+    """The backend's /metrics under vLLM's names, types, labels and bucket bounds."""
+    base = str(d.base_url).rsplit("/v1", 1)[0]
+    text = urllib.request.urlopen(base + "/metrics", timeout=10).read().decode()
+    types, buckets, labels = {}, {}, {}
+    for line in text.splitlines():
+        if line.startswith("# TYPE "):
+            _, _, name, kind = line.split(" ", 3)
+            types[name] = kind
+        elif line and not line.startswith("#"):
+            series = line.rsplit(" ", 1)[0]
+            name = series.split("{", 1)[0]
+            if name.endswith("_bucket") and 'le="' in series:
+                le = series.split('le="', 1)[1].split('"', 1)[0]
+                if le != "+Inf":
+                    buckets.setdefault(name[: -len("_bucket")], set()).add(float(le))
+            labels.setdefault(name, set()).update(
+                kv.split("=", 1)[0] for kv in series.partition("{")[2].rstrip("}").split(",") if "=" in kv)
+    out = []
+    for name, (kind, want) in VLLM_METRICS.items():
+        family = name[: -len("_total")] if kind == "counter" and name not in types else name
+        if types.get(family) != kind and types.get(name) != kind:
+            out.append(f"{name}: type {types.get(family) or types.get(name)!r}, vLLM's is {kind}")
+        if want is not None and sorted(buckets.get(name, [])) != want:
+            out.append(f"{name}: buckets {sorted(buckets.get(name, []))} != vLLM's")
+        seen = labels.get(name) or labels.get(name + "_count") or set()
+        if "model_name" not in seen:
+            out.append(f"{name}: no model_name label")
+    return out
+
+
+SCENARIOS = [
+    ("models", "models.list", s_models, True),
+    ("chat", "chat, whole", s_chat, True),
+    ("chat_stream", "chat, streamed with usage", s_chat_stream, True),
+    ("chat_tools", "chat with tools", s_chat_tools, False),
+    ("chat_n", "chat, n = 2", s_chat_n, False),
+    ("chat_stop", "chat with stop", s_chat_stop, False),
+    ("chat_logprobs", "chat with logprobs", s_chat_logprobs, False),
+    ("completions", "completions", s_completions, True),
+    ("completions_stream", "completions, streamed", s_completions_stream, False),
+    ("embeddings", "embeddings (passed through)", s_embeddings, False),
+    ("responses_http", "Responses over HTTP, continued by id", s_responses_http, True),
+    ("responses_ws", "Responses over WebSocket", s_responses_ws, False),
+    ("errors", "errors: status and shape", s_errors, True),
+    ("vllm_metrics", "vLLM's metric names, types, labels, buckets", s_vllm_metrics, True),
+]
+
+# Scenarios that say something of one kind of backend only.
+ONLY = {"vllm_metrics": {"engine"}}
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--warmpath", required=True)
+    ap.add_argument("--engine", required=True)
+    ap.add_argument("--llama-server")
+    ap.add_argument("--quick", action="store_true", help="the scenarios marked quick")
+    ap.add_argument("--table")
+    ap.add_argument("--json")
+    args = ap.parse_args()
+    work = tempfile.mkdtemp(prefix="warmpath-conformance-")
+    servers = Servers(args, work)
+    results = {}
+    try:
+        for name in servers.backends:
+            d = openai.OpenAI(base_url=servers.backends[name] + "/v1", api_key="none", max_retries=0, timeout=120)
+            p = openai.OpenAI(base_url=servers.proxies[name] + "/v1", api_key="none", max_retries=0, timeout=120)
+            FRESH[0] = forget(name, servers.backends[name])
+            for key, title, run, quick in SCENARIOS:
+                if (args.quick and not quick) or name not in ONLY.get(key, {name}):
+                    continue
+                try:
+                    problems = run(d, p)
+                except Exception as e:  # noqa: BLE001 - a scenario that raises fails
+                    problems = [f"{type(e).__name__}: {e}"]
+                results.setdefault(key, {})[name] = problems
+                mark = "pass" if not problems else "FAIL"
+                print(f"{mark:4} {name:12} {title}" + ("" if not problems else f": {problems[:3]}"), flush=True)
+    finally:
+        servers.close()
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(results, f, indent=1)
+    if args.table:
+        write_table(args.table, results, list(servers.backends))
+    failed = sum(1 for r in results.values() for v in r.values() if v)
+    print(f"{failed} failed of {sum(len(r) for r in results.values())}; logs in {work}")
+    return 1 if failed else 0
+
+
+def forget(name, url):
+    """How backend `name` at `url` drops its prefix cache."""
+    def post(path):
+        try:
+            urllib.request.urlopen(urllib.request.Request(url + path, data=b"", method="POST"), timeout=10).read()
+        except urllib.error.HTTPError:
+            pass
+    if name == "engine":
+        return lambda: post("/reset_prefix_cache")
+    # llama-server: its slots' cached prompts erased.
+    return lambda: [post(f"/slots/{i}?action=erase") for i in range(SLOTS)]
+
+
+SLOTS = 1
+
+
+def write_table(path, results, backends):
+    lines = ["| scenario | " + " | ".join(backends) + " |", "| --- |" + " --- |" * len(backends)]
+    for key, title, _, _ in SCENARIOS:
+        if key not in results:
+            continue
+        cells = []
+        for b in backends:
+            v = results[key].get(b)
+            cells.append("—" if v is None else ("pass" if not v else "FAIL: " + "; ".join(v)[:200].replace("|", "\\|")))
+        lines.append(f"| {title} | " + " | ".join(cells) + " |")
+    text = "\n".join(lines) + "\n"
+    if os.path.exists(path):
+        doc = open(path).read()
+        start, end = "<!-- table: written by conformance/suite.py -->", "<!-- end of table -->"
+        if start in doc and end in doc:
+            head, rest = doc.split(start, 1)
+            tail = rest.split(end, 1)[1]
+            text = head + start + "\n" + text + end + tail
+    with open(path, "w") as f:
+        f.write(text)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
