@@ -54,11 +54,13 @@ async fn post(t: &OtlpTarget, body: &[u8]) -> std::io::Result<u16> {
     );
     s.write_all(head.as_bytes()).await?;
     s.write_all(body).await?;
-    let mut status = [0u8; 12];
-    s.read_exact(&mut status).await?;
-    // `HTTP/1.1 200`
-    std::str::from_utf8(&status[9..12])
-        .ok()
+    // The whole answer (the collector closes after it: `connection: close`), at most 64 KiB.
+    let mut answer = Vec::new();
+    (&mut s).take(64 << 10).read_to_end(&mut answer).await?;
+    // `HTTP/1.1 200 OK`
+    answer
+        .get(9..12)
+        .and_then(|c| std::str::from_utf8(c).ok())
         .and_then(|c| c.parse().ok())
         .ok_or_else(|| std::io::Error::new(std::io::ErrorKind::InvalidData, "not an HTTP answer"))
 }

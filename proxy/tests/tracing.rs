@@ -218,3 +218,40 @@ fn the_backend_gets_warmpaths_span_as_its_parent_and_untraced_requests_pass_thei
         metric(&traced.metrics(), "warmpath_trace_exports_total{result=\"error\"}").is_some_and(|n| n >= 1.0)
     }));
 }
+
+#[test]
+fn a_websocket_turn_is_a_span_of_its_connections_trace() {
+    let rx = Receiver::start();
+    let e = Engine::sim("m", &[]);
+    let global =
+        format!("[tracing]\notlp_endpoint = \"http://127.0.0.1:{}\"\nexport_interval_ms = 100\n", rx.port);
+    let proxy = Proxy::start(&policy(&global, "", &["m"], &[("e", e.url())]));
+    let theirs = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01";
+    let mut ws = Ws::connect(proxy.addr, &[("traceparent", theirs)]);
+    for _ in 0..2 {
+        ws.send_json(
+            &json!({"type": "response.create", "model": "m", "input": "hi", "max_output_tokens": 4}),
+        );
+        assert!(!ws.turn().is_empty());
+    }
+    ws.send_frame(true, 8, &1000u16.to_be_bytes());
+    let _ = ws.read_frame();
+    let spans = rx.trace("0af7651916cd43dd8448eb211c80319c");
+    let conn = named(&spans, "warmpath request");
+    assert_eq!(conn.len(), 1, "{spans:#?}");
+    assert_eq!(
+        (conn[0]["parent"].as_str(), conn[0]["attributes"]["warmpath.route"].as_str()),
+        (Some("b7ad6b7169203331"), Some("responses_ws"))
+    );
+    let turns = named(&spans, "websocket turn");
+    assert_eq!(turns.len(), 2, "{spans:#?}");
+    for t in &turns {
+        assert_eq!(t["parent"], conn[0]["span_id"], "{t}");
+        assert_eq!(t["attributes"]["warmpath.backend"], "e");
+        // Each turn's routing and attempt are its own children.
+        for child in ["route", "upstream attempt"] {
+            let n = spans.iter().filter(|s| s["name"] == child && s["parent"] == t["span_id"]).count();
+            assert_eq!(n, 1, "{child} of {t}: {spans:#?}");
+        }
+    }
+}

@@ -138,8 +138,14 @@ impl Trace {
     }
 
     /// The request's span closes at `end`: every span of the trace.
-    pub fn finish(
+    pub fn finish(self, end: Instant, attrs: Vec<(&'static str, Attr)>, error: Option<String>) -> Vec<Span> {
+        self.finish_as("warmpath request", end, attrs, error)
+    }
+
+    /// [`Trace::finish`], the request's span named `name` (a WebSocket turn's).
+    pub fn finish_as(
         mut self,
+        name: &'static str,
         end: Instant,
         attrs: Vec<(&'static str, Attr)>,
         error: Option<String>,
@@ -148,7 +154,7 @@ impl Trace {
             trace_id: self.trace_id,
             span_id: self.root,
             parent: self.remote_parent,
-            name: "warmpath request",
+            name,
             kind: Kind::Server,
             start_ns: self.origin.1,
             end_ns: self.ns(end),

@@ -143,6 +143,11 @@ fn upstream_template(req: &RequestHeader) -> RequestTemplate {
 }
 
 impl RequestTemplate {
+    /// A header the client sent that goes on to backends.
+    pub fn header(&self, name: &str) -> Option<&str> {
+        self.headers.iter().find(|(n, _)| n.as_str() == name).and_then(|(_, v)| v.to_str().ok())
+    }
+
     /// The request header for a backend at `authority` whose URL has `base_path`.
     pub fn build(&self, base_path: &str, authority: &str, body_len: usize) -> pingora::Result<RequestHeader> {
         let mut path = Vec::with_capacity(base_path.len() + self.path.len());

@@ -387,10 +387,23 @@ impl Conn {
                 Ok(turn) => {
                     let mut ctx = RequestCtx::new();
                     ctx.route = "responses_ws";
-                    crate::responses::run(&state, &mut sink, &mut ctx, &turn, &head, "websocket")
+                    // A traced connection's turns are children of its span (the traceparent
+                    // warmpath set on the upgrade).
+                    ctx.trace = state.metrics.tracer.start(head.template.header("traceparent"), ctx.start);
+                    let done = crate::responses::run(&state, &mut sink, &mut ctx, &turn, &head, "websocket")
                         .await
                         .ok()
-                        .flatten()
+                        .flatten();
+                    if let Some(trace) = ctx.trace.take() {
+                        let mut attrs = vec![("warmpath.route", "responses_ws".into())];
+                        attrs.extend(ctx.pool.as_deref().map(|p| ("warmpath.pool", p.into())));
+                        attrs.extend(ctx.backend.as_deref().map(|b| ("warmpath.backend", b.into())));
+                        let error = done.is_none().then(|| "the turn failed".to_owned());
+                        let spans =
+                            trace.finish_as("websocket turn", std::time::Instant::now(), attrs, error);
+                        state.metrics.tracer.submit(spans);
+                    }
+                    done
                 }
                 Err(e) => {
                     state.metrics.responses_turns.with_label_values(&["websocket", "error"]).inc();
