@@ -63,9 +63,11 @@ class Servers:
     def __init__(self, args, work):
         self.procs, self.backends = [], {}
         logs = lambda name: open(os.path.join(work, f"{name}.log"), "w")  # noqa: E731
-        port = free_port()
+        port, events = free_port(), free_port()
+        self.kv_events = f"tcp://127.0.0.1:{events}"
         self.spawn([args.engine, "--executor", "llama", "--model", MODEL, "--served-model-name", MODEL,
-                    "--host", "127.0.0.1", "--port", str(port), "--max-model-len", "2048"], logs("engine"))
+                    "--host", "127.0.0.1", "--port", str(port), "--max-model-len", "2048",
+                    "--kv-events-endpoint", self.kv_events], logs("engine"))
         self.backends["engine"] = f"http://127.0.0.1:{port}"
         if args.llama_server:
             port = free_port()
@@ -362,6 +364,75 @@ def s_vllm_metrics(d, p):
     return out
 
 
+def s_kv_events(d, p):
+    """The engine's KV events, decoded with vLLM's own msgspec definitions of them
+    (vllm/distributed/kv_events.py, the array layout its publishers send) from its ZMQ socket,
+    while a request goes through warmpath."""
+    import msgspec
+    import zmq
+
+    class EventBatch(msgspec.Struct, array_like=True, omit_defaults=True, gc=False):
+        ts: float
+        events: list
+        data_parallel_rank: int | None = None
+
+    class KVCacheEvent(msgspec.Struct, array_like=True, omit_defaults=True, gc=False, tag=True):
+        pass
+
+    class BlockStored(KVCacheEvent):
+        block_hashes: list[bytes | int]
+        parent_block_hash: bytes | int | None
+        token_ids: list[int]
+        block_size: int
+        lora_id: int | None
+        medium: str | None
+        lora_name: str | None = None
+
+    class BlockRemoved(KVCacheEvent):
+        block_hashes: list[bytes | int]
+        medium: str | None
+
+    class AllBlocksCleared(KVCacheEvent):
+        pass
+
+    class KVEventBatch(EventBatch):
+        events: list[BlockStored | BlockRemoved | AllBlocksCleared]
+
+    sub = zmq.Context.instance().socket(zmq.SUB)
+    sub.setsockopt(zmq.SUBSCRIBE, b"")
+    sub.connect(KV_EVENTS[0])
+    time.sleep(0.5)  # the subscription reaches the publisher
+    FRESH[0]()
+    p.chat.completions.create(model=MODEL, messages=chat_messages("Tell me about caching. " * 8), max_tokens=4,
+                              temperature=0)
+    decoder = msgspec.msgpack.Decoder(type=KVEventBatch)
+    out, stored, seqs = [], [], []
+    deadline = time.time() + 10
+    while time.time() < deadline and not stored:
+        if not sub.poll(200):
+            continue
+        frames = sub.recv_multipart()
+        if len(frames) != 3 or len(frames[1]) != 8:
+            out.append(f"not [topic, seq, payload]: {len(frames)} frames")
+            break
+        seqs.append(int.from_bytes(frames[1], "big"))
+        try:
+            batch = decoder.decode(frames[2])
+        except msgspec.ValidationError as e:
+            out.append(f"vLLM's decoder refuses a batch: {e}")
+            break
+        stored += [e for e in batch.events if isinstance(e, BlockStored)]
+    sub.close()
+    if not stored and not out:
+        out.append("no BlockStored event within 10 s of a request")
+    for e in stored:
+        if len(e.token_ids) != e.block_size * len(e.block_hashes):
+            out.append(f"{len(e.token_ids)} token ids for {len(e.block_hashes)} blocks of {e.block_size}")
+    if seqs != sorted(seqs):
+        out.append(f"sequence numbers out of order: {seqs}")
+    return out
+
+
 SCENARIOS = [
     ("models", "models.list", s_models, True),
     ("chat", "chat, whole", s_chat, True),
@@ -377,10 +448,13 @@ SCENARIOS = [
     ("responses_ws", "Responses over WebSocket", s_responses_ws, False),
     ("errors", "errors: status and shape", s_errors, True),
     ("vllm_metrics", "vLLM's metric names, types, labels, buckets", s_vllm_metrics, True),
+    ("kv_events", "KV events in vLLM's wire format (its msgspec types)", s_kv_events, True),
 ]
 
 # Scenarios that say something of one kind of backend only.
-ONLY = {"vllm_metrics": {"engine"}}
+ONLY = {"vllm_metrics": {"engine"}, "kv_events": {"engine"}}
+# The engine's KV event socket (set when it starts).
+KV_EVENTS = [""]
 
 
 def main():
@@ -394,6 +468,7 @@ def main():
     args = ap.parse_args()
     work = tempfile.mkdtemp(prefix="warmpath-conformance-")
     servers = Servers(args, work)
+    KV_EVENTS[0] = servers.kv_events
     results = {}
     try:
         for name in servers.backends:
