@@ -74,18 +74,25 @@ class Servers:
             self.spawn([args.llama_server, "-m", GGUF, "--host", "127.0.0.1", "--port", str(port),
                         "--alias", MODEL, "-c", "2048", "--jinja", "-t", "2", "--metrics", "-np", "1"], logs("llama-server"))
             self.backends["llama-server"] = f"http://127.0.0.1:{port}"
+            # Embeddings: a second llama-server in its embedding mode, same GGUF.
+            port = free_port()
+            self.spawn([args.llama_server, "-m", GGUF, "--host", "127.0.0.1", "--port", str(port),
+                        "--alias", MODEL, "-c", "2048", "-t", "2", "--embeddings", "--pooling", "mean", "-np", "1"],
+                       logs("llama-server-embeddings"))
+            self.backends["llama-server --embeddings"] = f"http://127.0.0.1:{port}"
         for name, url in self.backends.items():
-            wait_http(url + "/health", proc=self.procs[-1] if name == "llama-server" else None)
+            wait_http(url + "/health")
         # One warmpath per backend, routing only: the request bytes go on as sent.
         self.proxies = {}
         for name, url in self.backends.items():
             listen, admin = free_port(), free_port()
-            policy = os.path.join(work, f"{name}.toml")
+            policy = os.path.join(work, f"{name.replace(' ', '')}.toml")
+            pool = name.split(" ")[0]
             with open(policy, "w") as f:
                 f.write(f'[server]\nlisten = "127.0.0.1:{listen}"\nadmin = "127.0.0.1:{admin}"\n'
-                        f'[[pools]]\nname = "{name}"\nmodels = ["{MODEL}"]\n'
-                        f'[[pools.backends]]\nname = "{name}"\nurl = "{url}"\n')
-            self.spawn([args.warmpath, "--config", policy], logs(f"warmpath-{name}"))
+                        f'[[pools]]\nname = "{pool}"\nmodels = ["{MODEL}"]\n'
+                        f'[[pools.backends]]\nname = "{pool}"\nurl = "{url}"\n')
+            self.spawn([args.warmpath, "--config", policy], logs(f"warmpath-{name.replace(' ', '')}"))
             wait_http(f"http://127.0.0.1:{admin}/readyz")
             self.proxies[name] = f"http://127.0.0.1:{listen}"
 
@@ -141,10 +148,15 @@ def outcome(call):
         return ("error", e.status_code, body)
 
 
+# Passes where both sides refused: shown as such in the table.
+NOTES = []
+
+
 def same(direct, proxied):
     if direct[0] == "error" or proxied[0] == "error":
         if direct[0] != proxied[0] or direct[1] != proxied[1]:
             return [f"direct {direct[:2]} vs warmpath {proxied[:2]}: {proxied[-1]}"]
+        NOTES.append(f"both answer {direct[1]}")
         return []
     return diff(direct[1], proxied[1])
 
@@ -453,6 +465,8 @@ SCENARIOS = [
 
 # Scenarios that say something of one kind of backend only.
 ONLY = {"vllm_metrics": {"engine"}, "kv_events": {"engine"}}
+# Backends that run only some scenarios: llama-server in its embedding mode serves nothing else.
+BACKEND_ONLY = {"llama-server --embeddings": {"models", "embeddings"}}
 # The engine's KV event socket (set when it starts).
 KV_EVENTS = [""]
 
@@ -478,20 +492,28 @@ def main():
             for key, title, run, quick in SCENARIOS:
                 if (args.quick and not quick) or name not in ONLY.get(key, {name}):
                     continue
+                if key not in BACKEND_ONLY.get(name, {key}):
+                    continue
+                NOTES.clear()
                 try:
                     problems = run(d, p)
                 except Exception as e:  # noqa: BLE001 - a scenario that raises fails
                     problems = [f"{type(e).__name__}: {e}"]
                 results.setdefault(key, {})[name] = problems
+                notes = sorted(set(NOTES))
+                if notes and not problems:
+                    results.setdefault("_notes", {})[f"{key}/{name}"] = notes
                 mark = "pass" if not problems else "FAIL"
-                print(f"{mark:4} {name:12} {title}" + ("" if not problems else f": {problems[:3]}"), flush=True)
+                tail = f": {problems[:3]}" if problems else (f" ({', '.join(notes)})" if notes else "")
+                print(f"{mark:4} {name:12} {title}{tail}", flush=True)
     finally:
         servers.close()
+    notes = results.pop("_notes", {})
     if args.json:
         with open(args.json, "w") as f:
-            json.dump(results, f, indent=1)
+            json.dump({"results": results, "notes": notes}, f, indent=1)
     if args.table:
-        write_table(args.table, results, list(servers.backends))
+        write_table(args.table, results, list(servers.backends), notes)
     failed = sum(1 for r in results.values() for v in r.values() if v)
     print(f"{failed} failed of {sum(len(r) for r in results.values())}; logs in {work}")
     return 1 if failed else 0
@@ -513,7 +535,7 @@ def forget(name, url):
 SLOTS = 1
 
 
-def write_table(path, results, backends):
+def write_table(path, results, backends, notes):
     lines = ["| scenario | " + " | ".join(backends) + " |", "| --- |" + " --- |" * len(backends)]
     for key, title, _, _ in SCENARIOS:
         if key not in results:
@@ -521,7 +543,9 @@ def write_table(path, results, backends):
         cells = []
         for b in backends:
             v = results[key].get(b)
-            cells.append("—" if v is None else ("pass" if not v else "FAIL: " + "; ".join(v)[:200].replace("|", "\\|")))
+            note = notes.get(f"{key}/{b}")
+            ok = "pass" + (f" ({', '.join(note)})" if note else "")
+            cells.append("—" if v is None else (ok if not v else "FAIL: " + "; ".join(v)[:200].replace("|", "\\|")))
         lines.append(f"| {title} | " + " | ".join(cells) + " |")
     text = "\n".join(lines) + "\n"
     if os.path.exists(path):
