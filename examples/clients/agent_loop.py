@@ -42,17 +42,19 @@ def run_tool(name: str, arguments: str) -> str:
 client = openai.OpenAI(base_url=base, api_key=os.environ.get("OPENAI_API_KEY", "none"), timeout=60)
 with client.responses.connect() as conn:
     # The first turn carries the instructions, the tools and the question.
+    # Temperature 0: a small model sampled at 1 wanders off.
     conn.response.create(model=model, input=question, tools=TOOLS, instructions="You are a weather agent.",
-                         max_output_tokens=200)
+                         max_output_tokens=200, temperature=0)
     for turn in range(1, 9):
         response = None
         for event in conn:
             if event.type == "response.output_text.delta":
                 print(event.delta, end="", flush=True)
-            elif event.type == "response.completed":
+            elif event.type in ("response.completed", "response.incomplete"):
+                # Incomplete: it hit max_output_tokens; what it wrote is the answer.
                 response = event.response
                 break
-            elif event.type in ("error", "response.failed", "response.incomplete"):
+            elif event.type in ("error", "response.failed"):
                 raise SystemExit(f"turn {turn}: {event}")
         calls = [item for item in response.output if item.type == "function_call"]
         if not calls:
@@ -67,6 +69,6 @@ with client.responses.connect() as conn:
             print(f"[{call.name}({call.arguments}) -> {result}]")
             outputs.append({"type": "function_call_output", "call_id": call.call_id, "output": result})
         conn.response.create(model=model, previous_response_id=response.id, input=outputs, tools=TOOLS,
-                             instructions="You are a weather agent.", max_output_tokens=200)
+                             instructions="You are a weather agent.", max_output_tokens=200, temperature=0)
     else:
         raise SystemExit("no answer after 8 turns")

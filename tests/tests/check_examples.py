@@ -67,6 +67,18 @@ for path in sorted(os.listdir(os.path.join(repo, "examples/kubernetes"))):
     full = os.path.join(repo, "examples/kubernetes", path)
     docs = load_all(full)
     maps = {d["metadata"]["name"]: d for d in docs if d.get("kind") == "ConfigMap"}
+    services = [d for d in docs if d.get("kind") == "Service"]
+    if not any(d.get("kind") == "ServiceMonitor" for d in docs):
+        errors.append(f"{path}: no ServiceMonitor (the Prometheus Operator's scrape of warmpath)")
+    for mon in (d for d in docs if d.get("kind") == "ServiceMonitor"):
+        want = mon["spec"]["selector"]["matchLabels"]
+        hits = [s for s in services if want.items() <= s["metadata"].get("labels", {}).items()]
+        ports = {p.get("name") for s in hits for p in s["spec"]["ports"]}
+        if not hits:
+            errors.append(f"{path}: ServiceMonitor {mon['metadata']['name']} selects no Service of the file")
+        for ep in mon["spec"]["endpoints"]:
+            if ep.get("port") not in ports:
+                errors.append(f"{path}: ServiceMonitor scrapes port {ep.get('port')}, which its Service lacks")
     for d in docs:
         for k in ("apiVersion", "kind"):
             if k not in d:

@@ -64,6 +64,23 @@ fn the_systemd_unit_verifies_cleanly() {
     assert!(ok && out.trim().is_empty(), "systemd-analyze verify: {out}");
 }
 
+/// Both client examples against the quick start itself (`policies/default.toml`: two embedded
+/// SmolLM2 replicas), as a user runs them.
+#[test]
+fn the_client_examples_run_against_the_quick_start() {
+    let policy = std::fs::read_to_string(repo().join("policies/default.toml")).expect("the quick start");
+    let proxy = Proxy::start(&policy);
+    let (base, admin) = (format!("http://{}", proxy.addr), format!("http://{}", proxy.admin));
+    let (ok, out) = run(Command::new(repo().join("examples/clients/curl.sh")).args([&base, &admin]));
+    assert!(ok, "curl.sh:\n{out}");
+    assert!(out.contains("Paris"), "the quick start's answer: {out}");
+    let (ok, out) = run(Command::new(repo().join(".venv/bin/python"))
+        .arg(repo().join("examples/clients/agent_loop.py"))
+        .arg(format!("{base}/v1")));
+    assert!(ok, "agent_loop.py:\n{out}");
+    assert!(out.contains(" turns; last turn: "), "{out}");
+}
+
 #[test]
 fn the_client_examples_run_against_warmpath() {
     let dir = TempDir::new();
