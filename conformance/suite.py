@@ -445,6 +445,45 @@ def s_kv_events(d, p):
     return out
 
 
+def s_render(d, p):
+    """The engine's render endpoints in vLLM's `GenerateRequest` shape
+    (vllm/entrypoints/serve/disagg/protocol.py: its fields, no others), their token ids the
+    prompt generation counts."""
+    fields = {"request_id": str, "token_ids": list, "features": (dict, type(None)), "sampling_params": dict,
+              "model": (str, type(None)), "stream": (bool, type(None)), "stream_options": (dict, type(None)),
+              "cache_salt": (str, type(None)), "priority": int, "kv_transfer_params": (dict, type(None))}
+    base = str(d.base_url).rsplit("/v1", 1)[0]
+
+    def post(path, body):
+        req = urllib.request.Request(base + path, data=json.dumps(body).encode(), method="POST",
+                                     headers={"content-type": "application/json"})
+        return json.loads(urllib.request.urlopen(req, timeout=30).read())
+
+    out = []
+    messages = chat_messages("What is the capital of France?")
+    chat = post("/v1/chat/completions/render", {"model": MODEL, "messages": messages, "max_tokens": 8,
+                                                "temperature": 0})
+    comp = post("/v1/completions/render", {"model": MODEL, "prompt": ["one", "two three"], "max_tokens": 4})
+    for g in [chat] + (comp if isinstance(comp, list) else [comp]):
+        extra = set(g) - set(fields)
+        if extra:
+            out.append(f"fields vLLM's GenerateRequest lacks: {sorted(extra)}")
+        for k, t in fields.items():
+            if k not in g or not isinstance(g[k], t):
+                out.append(f"{k}: {g.get(k)!r} is not {t}")
+        if not all(isinstance(i, int) for i in g.get("token_ids", [None])):
+            out.append("token_ids are not integers")
+    if not isinstance(comp, list) or len(comp) != 2:
+        out.append(f"completions render: one GenerateRequest per prompt, got {comp!r:.200}")
+    if chat.get("sampling_params", {}).get("max_tokens") != 8:
+        out.append(f"sampling_params: {chat.get('sampling_params')}")
+    FRESH[0]()
+    used = d.chat.completions.create(model=MODEL, messages=messages, max_tokens=1).usage.prompt_tokens
+    if used != len(chat.get("token_ids", [])):
+        out.append(f"{len(chat.get('token_ids', []))} rendered ids, {used} prompt tokens generated from")
+    return out
+
+
 SCENARIOS = [
     ("models", "models.list", s_models, True),
     ("chat", "chat, whole", s_chat, True),
@@ -461,10 +500,11 @@ SCENARIOS = [
     ("errors", "errors: status and shape", s_errors, True),
     ("vllm_metrics", "vLLM's metric names, types, labels, buckets", s_vllm_metrics, True),
     ("kv_events", "KV events in vLLM's wire format (its msgspec types)", s_kv_events, True),
+    ("render", "render endpoints in vLLM's GenerateRequest shape", s_render, True),
 ]
 
 # Scenarios that say something of one kind of backend only.
-ONLY = {"vllm_metrics": {"engine"}, "kv_events": {"engine"}}
+ONLY = {"vllm_metrics": {"engine"}, "kv_events": {"engine"}, "render": {"engine"}}
 # Backends that run only some scenarios: llama-server in its embedding mode serves nothing else.
 BACKEND_ONLY = {"llama-server --embeddings": {"models", "embeddings"}}
 # The engine's KV event socket (set when it starts).

@@ -213,6 +213,21 @@ async fn models_health_tokenize_and_render() {
     let (_, c) =
         post_json(e.addr, "/v1/completions/render", json!({"model": "micro", "prompt": ["a", "b c"]})).await;
     assert_eq!(c.as_array().expect("array").len(), 2);
+    // vLLM's GenerateRequest: the sampling parameters under its names, chat's logprobs as a count.
+    let asked = json!({"model": "micro", "messages": chat["messages"], "max_completion_tokens": 7,
+        "temperature": 0.5, "stop": ["x"], "logprobs": true, "top_logprobs": 3, "stream": true});
+    let (_, g) = post_json(e.addr, "/v1/chat/completions/render", asked).await;
+    assert_eq!(
+        g["sampling_params"],
+        json!({"max_tokens": 7, "temperature": 0.5, "stop": ["x"], "logprobs": 3}),
+        "{g}"
+    );
+    assert_eq!(
+        (g["model"].as_str(), g["stream"].as_bool(), g["priority"].as_i64()),
+        (Some("micro"), Some(true), Some(0))
+    );
+    assert_eq!(g["request_id"].as_str().map(str::len), Some(16), "{g}");
+    assert_eq!(c[1]["model"], "micro");
     // The rendered prompt is exactly what generation counts.
     let (_, g) = post_json(
         e.addr,

@@ -1,5 +1,6 @@
 //! Tokenizer endpoints: vLLM's `/tokenize` and `/detokenize`, and the `/render` routes that
-//! routers (vllm-router's `cache_aware`) call to learn a request's prompt token ids.
+//! routers (vllm-router's `cache_aware`) call to learn a request's prompt token ids — answered
+//! in the shape of vLLM's own render endpoints (`GenerateRequest`).
 
 use std::sync::Arc;
 
@@ -85,29 +86,91 @@ pub async fn detokenize(State(state): State<Arc<AppState>>, body: Body) -> Respo
     )
 }
 
-/// `POST /v1/chat/completions/render`: a chat request → `{"token_ids": [...]}`.
+/// `POST /v1/chat/completions/render`: a chat request → the request as vLLM's render endpoint
+/// answers it (its `GenerateRequest`: the prompt's `token_ids`, `sampling_params`, `model`, …).
 pub async fn render_chat(State(state): State<Arc<AppState>>, body: Body) -> Response {
     reply(
         async {
-            let req: ChatCompletionRequest = parse_body(&read_body(&state, body).await?)?;
+            let bytes = read_body(&state, body).await?;
+            let req: ChatCompletionRequest = parse_body(&bytes)?;
             let ids = chat::prompt_of(&state, &req)?;
-            Ok(serde_json::json!({ "token_ids": ids }))
+            Ok(generate_request(ids, &serde_json::from_slice(&bytes).unwrap_or_default(), true))
         }
         .await,
     )
 }
 
-/// `POST /v1/completions/render`: a completion request → `[{"token_ids": [...]}, ...]`, one per
-/// prompt.
+/// `POST /v1/completions/render`: a completion request → one `GenerateRequest` per prompt.
 pub async fn render_completion(State(state): State<Arc<AppState>>, body: Body) -> Response {
     reply(
         async {
-            let req: CompletionRequest = parse_body(&read_body(&state, body).await?)?;
+            let bytes = read_body(&state, body).await?;
+            let req: CompletionRequest = parse_body(&bytes)?;
             let prompts = completions::prompts_of(&state, &req)?;
+            let raw: serde_json::Value = serde_json::from_slice(&bytes).unwrap_or_default();
             Ok(serde_json::Value::Array(
-                prompts.into_iter().map(|ids| serde_json::json!({ "token_ids": ids })).collect(),
+                prompts.into_iter().map(|ids| generate_request(ids, &raw, false)).collect(),
             ))
         }
         .await,
     )
+}
+
+/// vLLM's `GenerateRequest` (`vllm/entrypoints/serve/disagg/protocol.py`), what its render
+/// endpoints answer: the prompt's token ids and the request's sampling parameters under vLLM's
+/// `SamplingParams` names, so that the answer can be sent on as a tokens-in request.
+fn generate_request(token_ids: Vec<u32>, req: &serde_json::Value, chat: bool) -> serde_json::Value {
+    use serde_json::{json, Map, Value};
+    let mut sampling = Map::new();
+    for key in [
+        "n",
+        "presence_penalty",
+        "frequency_penalty",
+        "repetition_penalty",
+        "temperature",
+        "top_p",
+        "top_k",
+        "min_p",
+        "seed",
+        "stop",
+        "stop_token_ids",
+        "ignore_eos",
+        "min_tokens",
+        "skip_special_tokens",
+    ] {
+        if let Some(v) = req.get(key).filter(|v| !v.is_null()) {
+            sampling.insert(key.to_owned(), v.clone());
+        }
+    }
+    let max = req.get("max_completion_tokens").filter(|v| !v.is_null()).or_else(|| req.get("max_tokens"));
+    if let Some(v) = max.filter(|v| !v.is_null()) {
+        sampling.insert("max_tokens".to_owned(), v.clone());
+    }
+    // Chat asks `logprobs: true, top_logprobs: k`; vLLM's parameter is the count.
+    let logprobs = match chat {
+        true => req
+            .get("logprobs")
+            .and_then(Value::as_bool)
+            .filter(|b| *b)
+            .map(|_| json!(req.get("top_logprobs").and_then(Value::as_u64).unwrap_or(0))),
+        false => req.get("logprobs").filter(|v| v.is_u64()).cloned(),
+    };
+    if let Some(v) = logprobs {
+        sampling.insert("logprobs".to_owned(), v);
+    }
+    let nanos =
+        std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_nanos()).unwrap_or(0);
+    let get = |k: &str| req.get(k).cloned().unwrap_or(Value::Null);
+    json!({
+        "request_id": format!("{:016x}", crate::sampler::Rng::new(nanos as u64).next_u64()),
+        "token_ids": token_ids,
+        "features": null,
+        "sampling_params": sampling,
+        "model": get("model"),
+        "stream": req.get("stream").and_then(Value::as_bool).unwrap_or(false),
+        "stream_options": get("stream_options"),
+        "cache_salt": get("cache_salt"),
+        "priority": req.get("priority").and_then(Value::as_i64).unwrap_or(0),
+        "kv_transfer_params": get("kv_transfer_params"),
+    })
 }
