@@ -23,7 +23,7 @@ fn run(cmd: &mut Command) -> (bool, String) {
 #[test]
 fn the_deployment_examples_parse_and_their_policies_pass_check_config() {
     let dir = TempDir::new();
-    let (ok, out) = run(Command::new("python3")
+    let (ok, out) = run(Command::new(repo().join(".venv/bin/python"))
         .arg(repo().join("tests/tests/check_examples.py"))
         .arg(repo())
         .arg(dir.path()));
