@@ -64,7 +64,7 @@ impl ProxyHttp for WarmpathProxy {
     }
 
     async fn early_request_filter(&self, session: &mut Session, ctx: &mut RequestCtx) -> Result<()> {
-        ctx.request_id = crate::request::id::ensure(session.req_header_mut());
+        ctx.request_id = crate::observe::request_id::ensure(session.req_header_mut());
         let state = self.live.load();
         // A sampled request's trace; the backend is told warmpath's span is its parent.
         let theirs = session.req_header().headers.get("traceparent").and_then(|v| v.to_str().ok());
@@ -180,8 +180,9 @@ impl ProxyHttp for WarmpathProxy {
             (0, None) => session.response_written().map(|r| r.status.as_u16()).unwrap_or(0),
             (s, _) => s,
         };
+        let trace = ctx.trace.take();
         let backend = ctx.backend.as_deref().unwrap_or("none");
-        let pool = ctx.pool.as_deref().unwrap_or("none");
+        let pool = ctx.pool.as_ref().map_or("none", |p| p.name.as_str());
         let key = ctx.key.as_deref().unwrap_or("-");
         m.requests.with_label_values(&[ctx.route, backend, &status.to_string()]).inc();
         let elapsed = ctx.start.elapsed();
@@ -192,8 +193,18 @@ impl ProxyHttp for WarmpathProxy {
                 .observe(t.duration_since(ctx.start).as_secs_f64());
         }
         let req = session.req_header();
-        if let Some(trace) = ctx.trace.take() {
-            finish_trace(m, trace, ctx, req, status, e);
+        if let Some(trace) = trace {
+            let attrs = vec![
+                ("http.request.method", req.method.as_str().into()),
+                ("url.path", req.uri.path().into()),
+                ("http.response.status_code", i64::from(status).into()),
+            ];
+            let error = match (e, status) {
+                (Some(e), _) => Some(e.to_string()),
+                (None, s) if s >= 500 => Some(format!("status {s}")),
+                _ => None,
+            };
+            m.tracer.submit(ctx.close_trace(trace, "warmpath request", attrs, error));
         }
         tracing::info!(
             target: "warmpath::access",
@@ -209,48 +220,4 @@ impl ProxyHttp for WarmpathProxy {
             error = e.map(|e| e.to_string()),
         );
     }
-}
-
-/// The request's span closes: its trace, with a span for the wait to the first token, goes to
-/// the exporter.
-fn finish_trace(
-    m: &crate::observe::Metrics,
-    mut trace: crate::observe::Trace,
-    ctx: &RequestCtx,
-    req: &pingora::http::RequestHeader,
-    status: u16,
-    e: Option<&Error>,
-) {
-    use crate::observe::trace::{Attr, Kind};
-    if let Some(t) = ctx.first_byte {
-        trace.span(
-            "first token",
-            Kind::Internal,
-            (ctx.start, t),
-            vec![("warmpath.route", ctx.route.into())],
-            None,
-        );
-    }
-    let mut attrs: Vec<(&'static str, Attr)> = vec![
-        ("http.request.method", req.method.as_str().into()),
-        ("url.path", req.uri.path().into()),
-        ("http.response.status_code", i64::from(status).into()),
-        ("warmpath.route", ctx.route.into()),
-        ("warmpath.request_id", ctx.request_id.as_str().into()),
-    ];
-    if let Some(p) = &ctx.pool {
-        attrs.push(("warmpath.pool", p.as_str().into()));
-    }
-    if let Some(b) = &ctx.backend {
-        attrs.push(("warmpath.backend", b.as_str().into()));
-    }
-    if ctx.client_gone {
-        attrs.push(("warmpath.client_gone", true.into()));
-    }
-    let error = match (e, status) {
-        (Some(e), _) => Some(e.to_string()),
-        (None, s) if s >= 500 => Some(format!("status {s}")),
-        _ => None,
-    };
-    m.tracer.submit(trace.finish(std::time::Instant::now(), attrs, error));
 }

@@ -6,16 +6,13 @@
 
 use std::io::Write;
 use std::net::SocketAddr;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
+use warmpath_tests::repo_root as repo;
 use warmpath_tests::*;
-
-fn repo() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
-}
 
 fn tool(name: &str) -> Command {
     let found = Command::new("sh").args(["-c", &format!("command -v {name}")]).output();
@@ -30,13 +27,8 @@ fn tool(name: &str) -> Command {
 fn the_alert_rules_pass_promtool_and_their_unit_tests() {
     let dir = repo().join("grafana/alerts");
     for args in [["check", "rules", "warmpath.rules.yml"], ["test", "rules", "warmpath.rules.test.yml"]] {
-        let out = tool("promtool").args(args).current_dir(&dir).output().expect("promtool runs");
-        assert!(
-            out.status.success(),
-            "promtool {args:?}:\n{}{}",
-            String::from_utf8_lossy(&out.stdout),
-            String::from_utf8_lossy(&out.stderr)
-        );
+        let (ok, out) = output_of(tool("promtool").args(args).current_dir(&dir));
+        assert!(ok, "promtool {args:?}:\n{out}");
     }
 }
 

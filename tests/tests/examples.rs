@@ -4,21 +4,11 @@
 //! `systemd-analyze verify` without a warning, and the client examples run against a warmpath
 //! in front of a scripted engine.
 
-use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use serde_json::Value;
 use warmpath_tests::*;
-
-fn repo() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
-}
-
-fn run(cmd: &mut Command) -> (bool, String) {
-    let out = cmd.output().unwrap_or_else(|e| panic!("{cmd:?}: {e}"));
-    let text = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
-    (out.status.success(), text)
-}
+use warmpath_tests::{output_of as run, repo_root as repo};
 
 #[test]
 fn the_deployment_examples_parse_and_their_policies_pass_check_config() {

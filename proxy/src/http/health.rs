@@ -27,7 +27,7 @@ pub async fn serve(state: &AppState, session: &mut Session) -> pingora::Result<u
     }
     let mut h = ResponseHeader::build(200, Some(1))?;
     h.insert_header(http::header::CONTENT_LENGTH, "0")?;
-    crate::request::id::stamp(session.req_header(), &mut h);
+    crate::observe::request_id::stamp(session.req_header(), &mut h);
     session.write_response_header(Box::new(h), true).await?;
     Ok(200)
 }

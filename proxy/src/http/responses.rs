@@ -89,7 +89,7 @@ impl HttpSink<'_> {
         for (k, v) in headers {
             h.insert_header(k.clone(), v.as_str())?;
         }
-        crate::request::id::stamp(self.session.req_header(), &mut h);
+        crate::observe::request_id::stamp(self.session.req_header(), &mut h);
         Ok(h)
     }
 }

@@ -2,8 +2,8 @@
 //! so tests and embedded engines never collide). Every metric is listed in `docs/metrics.md`.
 
 use prometheus::{
-    Encoder, GaugeVec, Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge,
-    IntGaugeVec, Opts, Registry, TextEncoder,
+    GaugeVec, Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Opts,
+    Registry,
 };
 
 /// Latency buckets (seconds) from 1 ms to 5 min: proxies see both cached 10 ms replies and
@@ -13,7 +13,7 @@ const LATENCY_BUCKETS: &[f64] =
 
 #[derive(Debug, Clone)]
 pub struct Metrics {
-    registry: Registry,
+    pub(super) registry: Registry,
     /// `route`, `backend`, `status` (the status the client got; `backend` is `none` when no
     /// backend was reached).
     pub requests: IntCounterVec,
@@ -584,33 +584,7 @@ impl Metrics {
     /// (`warmpath_rejections_total`) and kept among the recent events.
     pub fn refused(&self, reason: &str) {
         self.rejections.with_label_values(&[reason]).inc();
-        self.recent.push("refused", "", "", reason, "");
-    }
-
-    /// The samples of the counter or gauge `name` as (labels, value), labels in their names'
-    /// order: what the status page shows of the stages' counters.
-    pub fn samples(&self, name: &str) -> Vec<(Vec<(String, String)>, f64)> {
-        let Some(family) = self.registry.gather().into_iter().find(|f| f.name() == name) else {
-            return Vec::new();
-        };
-        let counter = family.get_field_type() == prometheus::proto::MetricType::COUNTER;
-        family
-            .get_metric()
-            .iter()
-            .map(|m| {
-                let labels = m.get_label().iter().map(|l| (l.name().to_owned(), l.value().to_owned()));
-                let value = if counter { m.get_counter().get_value() } else { m.get_gauge().get_value() };
-                (labels.collect(), value)
-            })
-            .collect()
-    }
-
-    /// The registry in Prometheus text format.
-    pub fn render(&self) -> Vec<u8> {
-        let mut out = Vec::with_capacity(16 << 10);
-        // Encoding our own registry only fails on invalid metric families, which `new` rules out.
-        let _ = TextEncoder::new().encode(&self.registry.gather(), &mut out);
-        out
+        self.recent.push("refused", "", "", reason, String::new());
     }
 }
 

@@ -43,7 +43,8 @@ fn now_ms() -> u64 {
 }
 
 impl Recent {
-    pub fn push(&self, kind: &'static str, pool: &str, backend: &str, reason: &str, detail: &str) {
+    /// `detail` is taken, not copied (a routing decision's is built per request anyway).
+    pub fn push(&self, kind: &'static str, pool: &str, backend: &str, reason: &str, detail: String) {
         let seq = self.next.fetch_add(1, Ordering::Relaxed);
         let event = Event {
             at_ms: now_ms(),
@@ -51,7 +52,7 @@ impl Recent {
             pool: pool.to_owned(),
             backend: backend.to_owned(),
             reason: reason.to_owned(),
-            detail: detail.to_owned(),
+            detail,
         };
         let mut slot = self.slots[(seq % KEPT as u64) as usize].lock().unwrap_or_else(|p| p.into_inner());
         // A slower writer of an older turn of the ring never overwrites a newer entry.
@@ -77,7 +78,7 @@ mod tests {
     fn keeps_the_newest_first_and_overwrites_the_oldest() {
         let r = Recent::default();
         for i in 0..KEPT + 5 {
-            r.push("route", "main", &format!("b{i}"), "cache", "");
+            r.push("route", "main", &format!("b{i}"), "cache", String::new());
         }
         let e = r.events();
         assert_eq!(e.len(), KEPT);
@@ -94,7 +95,7 @@ mod tests {
                 let r = r.clone();
                 std::thread::spawn(move || {
                     for i in 0..1000 {
-                        r.push("route", "main", &format!("{t}-{i}"), "x", "");
+                        r.push("route", "main", &format!("{t}-{i}"), "x", String::new());
                     }
                 })
             })

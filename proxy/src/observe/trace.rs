@@ -92,13 +92,13 @@ impl Trace {
     pub fn start(traceparent: Option<&str>, start: Instant) -> Trace {
         let (trace_id, remote_parent) = match traceparent.and_then(parse_traceparent) {
             Some((t, p)) => (t, Some(p)),
-            None => (random_id::<16>(), None),
+            None => (super::ids::random_bytes::<16>(), None),
         };
         let now_ns = SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_nanos() as u64).unwrap_or(0);
         let since = start.elapsed().as_nanos() as u64;
         Trace {
             trace_id,
-            root: random_id::<8>(),
+            root: super::ids::random_bytes::<8>(),
             remote_parent,
             origin: (start, now_ns.saturating_sub(since)),
             spans: Vec::new(),
@@ -125,7 +125,7 @@ impl Trace {
     ) {
         let span = Span {
             trace_id: self.trace_id,
-            span_id: random_id::<8>(),
+            span_id: super::ids::random_bytes::<8>(),
             parent: Some(self.root),
             name,
             kind,
@@ -197,19 +197,6 @@ fn unhex<const N: usize>(s: &str) -> Option<[u8; N]> {
 
 pub fn hex(bytes: &[u8]) -> String {
     bytes.iter().map(|b| format!("{b:02x}")).collect()
-}
-
-fn random_id<const N: usize>() -> [u8; N] {
-    static NEXT: AtomicU64 = AtomicU64::new(1);
-    let mut out = [0u8; N];
-    if getrandom::getrandom(&mut out).is_err() || out == [0u8; N] {
-        // Unique within the process, never all zero.
-        let n = NEXT.fetch_add(1, Ordering::Relaxed).to_le_bytes();
-        for (i, o) in out.iter_mut().enumerate() {
-            *o = n[i % 8] ^ (i as u8).wrapping_add(1);
-        }
-    }
-    out
 }
 
 /// `ExportTraceServiceRequest` in OTLP/HTTP JSON.

@@ -39,7 +39,7 @@ impl Downstream for Session {
         mut header: Box<ResponseHeader>,
         end: bool,
     ) -> pingora::Result<()> {
-        crate::request::id::stamp(self.req_header(), &mut header);
+        crate::observe::request_id::stamp(self.req_header(), &mut header);
         Session::write_response_header(self, header, end).await
     }
 

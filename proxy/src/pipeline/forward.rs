@@ -33,7 +33,7 @@ pub(super) async fn forward(
     let mut retries = Retries::new(state, pool);
     loop {
         let routing = Instant::now();
-        let sel = match retries.next(key, out.priority).await {
+        let mut sel = match retries.next(key, out.priority).await {
             Ok(Some(sel)) => sel,
             Ok(None) => break,
             Err(why) => {
@@ -56,7 +56,7 @@ pub(super) async fn forward(
         }
         ctx.backend = Some(backend.name.clone());
         if ctx.pool.is_none() {
-            ctx.pool = Some(pool.name.clone());
+            ctx.pool = Some(out.pool.clone());
         }
         let mut route_hdr = format!("{}; reason={}", pool.policy.name(), sel.reason);
         if !sel.detail.is_empty() {
@@ -66,7 +66,9 @@ pub(super) async fn forward(
         if retries.attempt > 1 {
             route_hdr.push_str(&format!("; attempt={}", retries.attempt));
         }
-        state.metrics.recent.push("route", &pool.name, &backend.name, sel.reason, &sel.detail);
+        // The detail is in the header now: the status page takes it.
+        let detail = std::mem::take(&mut sel.detail);
+        state.metrics.recent.push("route", &pool.name, &backend.name, sel.reason, detail);
         let headers = WarmpathHeaders { route: &route_hdr, prefix: out.prefix, cache: out.cache };
         let (sent, attempt_no) = (Instant::now(), retries.attempt);
         let attempt_span = |ctx: &mut RequestCtx, status: Option<u16>, error: Option<&str>| {

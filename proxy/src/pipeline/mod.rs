@@ -332,7 +332,7 @@ pub(crate) fn client_left(state: &AppState, down: &dyn Downstream, ctx: &mut Req
 /// A request ready to go to a backend of its pool.
 struct Outgoing<'a> {
     pub state: &'a AppState,
-    pub pool: &'a Pool,
+    pub pool: &'a Arc<Pool>,
     pub route: LlmRoute,
     pub template: &'a RequestTemplate,
     /// The body as it goes out (canonical, or the client's own bytes).

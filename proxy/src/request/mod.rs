@@ -17,7 +17,6 @@ use serde_json::value::RawValue;
 use warmpath_wire::openai::ApiError;
 
 pub mod head;
-pub mod id;
 pub mod json;
 
 /// A route that goes to a backend.

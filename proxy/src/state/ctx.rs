@@ -7,7 +7,7 @@ use std::time::Instant;
 use super::Pool;
 use crate::cache::Recording;
 use crate::limits::Held;
-use crate::observe::trace::{Attr, Kind, Trace};
+use crate::observe::trace::{Attr, Kind, Span, Trace};
 use crate::observe::Active;
 
 #[derive(Debug)]
@@ -18,8 +18,8 @@ pub struct RequestCtx {
     /// The `route` label: an LLM route, `models`, or `other`.
     pub route: &'static str,
     pub backend: Option<String>,
-    /// The pool of that backend (the histograms' `pool` label).
-    pub pool: Option<String>,
+    /// The pool of that backend (the histograms' `pool` label): shared, not copied per request.
+    pub pool: Option<Arc<Pool>>,
     /// The status the client got; 499 when it left first.
     pub status: u16,
     pub first_byte: Option<Instant>,
@@ -80,6 +80,37 @@ impl RequestCtx {
 
     pub fn traced(&self) -> bool {
         self.trace.is_some()
+    }
+
+    /// Its trace (taken out of it) closes: the request's own span (named `name`, with `attrs`
+    /// and what the context knows — route, request id, pool, backend) and, where a first byte
+    /// went out, the wait for it as a span.
+    pub fn close_trace(
+        &self,
+        mut trace: Trace,
+        name: &'static str,
+        mut attrs: Vec<(&'static str, Attr)>,
+        error: Option<String>,
+    ) -> Vec<Span> {
+        if let Some(t) = self.first_byte {
+            trace.span(
+                "first token",
+                Kind::Internal,
+                (self.start, t),
+                vec![("warmpath.route", self.route.into())],
+                None,
+            );
+        }
+        attrs.push(("warmpath.route", self.route.into()));
+        if !self.request_id.is_empty() {
+            attrs.push(("warmpath.request_id", self.request_id.as_str().into()));
+        }
+        attrs.extend(self.pool.as_ref().map(|p| ("warmpath.pool", p.name.as_str().into())));
+        attrs.extend(self.backend.as_deref().map(|b| ("warmpath.backend", b.into())));
+        if self.client_gone {
+            attrs.push(("warmpath.client_gone", true.into()));
+        }
+        trace.finish_as(name, Instant::now(), attrs, error)
     }
 }
 

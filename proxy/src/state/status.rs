@@ -8,6 +8,7 @@ use std::time::Instant;
 use serde_json::{json, Value};
 
 use super::AppState;
+use crate::observe::Samples;
 use crate::route::Backend;
 
 impl AppState {
@@ -35,31 +36,34 @@ impl AppState {
             })
             .collect();
         let m = &self.metrics;
+        let all = m.samples();
+        let by = |name: &str, labels: &[&str]| by(&all, name, labels);
+        let first = |name: &str| all.get(name).and_then(|s| s.first());
         json!({
             "version": env!("CARGO_PKG_VERSION"),
             "draining": self.lifecycle.draining(),
             "listen": self.cfg.server.listen.to_string(),
-            "policy_sha256": m.samples("warmpath_config_info").into_iter().find(|s| s.1 > 0.0)
-                .and_then(|s| s.0.into_iter().find(|l| l.0 == "sha256").map(|l| l.1)),
-            "connections_open": m.samples("warmpath_connections_open").first().map_or(0.0, |s| s.1),
+            "policy_sha256": all.get("warmpath_config_info").and_then(|s| s.iter().find(|s| s.1 > 0.0))
+                .and_then(|s| s.0.iter().find(|l| l.0 == "sha256").map(|l| l.1.clone())),
+            "connections_open": first("warmpath_connections_open").map_or(0.0, |s| s.1),
             "buffered_bytes": self.buffered.used(),
             "inflight": m.inflight_total.get(),
             "pools": pools,
             "recent": m.recent.events(),
             "websockets": {
                 "open": self.ws.count(),
-                "turns": by(m, "warmpath_responses_turns_total", &["transport", "outcome"]),
-                "closed": by(m, "warmpath_websocket_closed_total", &["code"]),
+                "turns": by("warmpath_responses_turns_total", &["transport", "outcome"]),
+                "closed": by("warmpath_websocket_closed_total", &["code"]),
             },
-            "refused": by(m, "warmpath_rejections_total", &["reason"]),
+            "refused": by("warmpath_rejections_total", &["reason"]),
             "safety": {
-                "checks": by(m, "warmpath_safety_checks_total", &["pool", "check", "stage", "verdict"]),
-                "findings": by(m, "warmpath_safety_findings_total", &["pool", "check", "category", "action"]),
+                "checks": by("warmpath_safety_checks_total", &["pool", "check", "stage", "verdict"]),
+                "findings": by("warmpath_safety_findings_total", &["pool", "check", "category", "action"]),
             },
             "limits": {
-                "keys": by(m, "warmpath_key_requests_total", &["key", "outcome"]),
-                "limited": by(m, "warmpath_key_limited_total", &["key", "limit"]),
-                "queue_refused": by(m, "warmpath_queue_rejected_total", &["pool", "reason"]),
+                "keys": by("warmpath_key_requests_total", &["key", "outcome"]),
+                "limited": by("warmpath_key_limited_total", &["key", "limit"]),
+                "queue_refused": by("warmpath_queue_rejected_total", &["pool", "reason"]),
             },
         })
     }
@@ -90,14 +94,14 @@ fn backend(b: &Backend, now: Instant, index_blocks: Option<usize>) -> Value {
 }
 
 /// A metric's samples summed by `labels`, keyed `a / b / c`, for the page's small tables.
-fn by(m: &crate::observe::Metrics, name: &str, labels: &[&str]) -> BTreeMap<String, f64> {
+fn by(all: &Samples, name: &str, labels: &[&str]) -> BTreeMap<String, f64> {
     let mut out = BTreeMap::new();
-    for (ls, v) in m.samples(name) {
+    for (ls, v) in all.get(name).into_iter().flatten() {
         let key: Vec<&str> = labels
             .iter()
             .map(|want| ls.iter().find(|(k, _)| k == want).map_or("", |(_, v)| v.as_str()))
             .collect();
-        *out.entry(key.join(" / ")).or_insert(0.0) += v;
+        *out.entry(key.join(" / ")).or_insert(0.0) += *v;
     }
     out
 }

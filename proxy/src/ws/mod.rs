@@ -125,7 +125,7 @@ pub async fn serve(live: &Arc<Live>, session: &mut Session, ctx: &mut RequestCtx
     h.insert_header(http::header::UPGRADE, "websocket")?;
     h.insert_header(http::header::CONNECTION, "Upgrade")?;
     h.insert_header("sec-websocket-accept", accept_key(key.trim()))?;
-    crate::request::id::stamp(session.req_header(), &mut h);
+    crate::observe::request_id::stamp(session.req_header(), &mut h);
     session.write_response_header(Box::new(h), false).await?;
     ctx.status = 101;
     let head = Head::of(session.req_header()).with_key(ctx.key.clone());
@@ -149,7 +149,7 @@ pub async fn serve(live: &Arc<Live>, session: &mut Session, ctx: &mut RequestCtx
     }
     state.metrics.ws_closed.with_label_values(&[&close.to_string()]).inc();
     let who = ctx.key.as_deref().map(|k| format!("key {k}")).unwrap_or_default();
-    state.metrics.recent.push("websocket", "", "", &close.to_string(), &who);
+    state.metrics.recent.push("websocket", "", "", &close.to_string(), who);
     drop(slot);
     Ok(())
 }
@@ -395,13 +395,13 @@ impl Conn {
                         .ok()
                         .flatten();
                     if let Some(trace) = ctx.trace.take() {
-                        let mut attrs = vec![("warmpath.route", "responses_ws".into())];
-                        attrs.extend(ctx.pool.as_deref().map(|p| ("warmpath.pool", p.into())));
-                        attrs.extend(ctx.backend.as_deref().map(|b| ("warmpath.backend", b.into())));
                         let error = done.is_none().then(|| "the turn failed".to_owned());
-                        let spans =
-                            trace.finish_as("websocket turn", std::time::Instant::now(), attrs, error);
-                        state.metrics.tracer.submit(spans);
+                        state.metrics.tracer.submit(ctx.close_trace(
+                            trace,
+                            "websocket turn",
+                            Vec::new(),
+                            error,
+                        ));
                     }
                     done
                 }

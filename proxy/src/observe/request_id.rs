@@ -3,9 +3,6 @@
 //! it goes on to the backend with the other headers, into the access log, and back on the
 //! answer.
 
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::OnceLock;
-
 use pingora::http::{RequestHeader, ResponseHeader};
 
 pub const HEADER: &str = "x-request-id";
@@ -35,24 +32,9 @@ fn usable(id: &str) -> bool {
     !id.is_empty() && id.len() <= MAX_LEN && id.bytes().all(|b| (0x21..=0x7e).contains(&b))
 }
 
-/// 128 bits from a per-process random seed and a counter: unique within the process, and
-/// across processes as likely as two random 128-bit numbers meeting.
+/// 32 hex digits.
 fn generate() -> String {
-    static SEED: OnceLock<[u8; 16]> = OnceLock::new();
-    static NEXT: AtomicU64 = AtomicU64::new(0);
-    let seed = SEED.get_or_init(|| {
-        let mut s = [0u8; 16];
-        if getrandom::getrandom(&mut s).is_err() {
-            let t = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default();
-            s[..16].copy_from_slice(&(t.as_nanos() ^ u128::from(std::process::id())).to_le_bytes());
-        }
-        s
-    });
-    let n = NEXT.fetch_add(1, Ordering::Relaxed);
-    let mut input = [0u8; 24];
-    input[..16].copy_from_slice(seed);
-    input[16..].copy_from_slice(&n.to_le_bytes());
-    format!("{:032x}", xxhash_rust::xxh3::xxh3_128(&input))
+    super::trace::hex(&super::ids::random_bytes::<16>())
 }
 
 #[cfg(test)]
