@@ -113,6 +113,10 @@ fn bad_requests_get_openai_errors() {
     let proxy = Proxy::start(&policy("[limits]\nmax_body_bytes = 4096\n", "", &["m"], &[("e", e.url())]));
     let big = chat("m", &"x".repeat(5000), 1);
     assert_openai_error(&post_json(proxy.addr, "/v1/chat/completions", &big), 413, "invalid_request_error");
+    // Far more than socket buffers hold: the client writes it all before reading, and still
+    // gets its 413 (a lingering close), not a broken pipe.
+    let huge = chat("m", &"x".repeat(16 << 20), 1);
+    assert_openai_error(&post_json(proxy.addr, "/v1/chat/completions", &huge), 413, "invalid_request_error");
     let r = request(proxy.addr, "POST", "/v1/chat/completions", &[], b"{not json");
     let v = assert_openai_error(&r, 400, "invalid_request_error");
     assert!(v["error"]["message"].as_str().unwrap_or("").starts_with("invalid JSON"), "{v}");
@@ -150,7 +154,7 @@ fn bad_requests_get_openai_errors() {
     // The proxy is still serving, and counted every rejection.
     assert_eq!(post_json(proxy.addr, "/v1/chat/completions", &chat("m", "hi", 1)).status, 200);
     let m = proxy.metrics();
-    assert_eq!(metric(&m, "warmpath_rejections_total{reason=\"too_large\"}"), Some(1.0), "{m}");
+    assert_eq!(metric(&m, "warmpath_rejections_total{reason=\"too_large\"}"), Some(2.0), "{m}");
     assert_eq!(metric(&m, "warmpath_rejections_total{reason=\"model_not_found\"}"), Some(1.0));
     assert!(metric(&m, "warmpath_rejections_total{reason=\"bad_request\"}").unwrap_or(0.0) >= 4.0);
     assert_eq!(

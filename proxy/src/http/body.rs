@@ -37,7 +37,11 @@ pub async fn read_client_body(
             // The body was not read to its end: the connection cannot carry another request.
             session.set_keepalive(None);
             let down: &mut dyn Downstream = session;
-            pipeline::reject(state, down, ctx, &e, reason).await.map(|()| None)
+            pipeline::reject(state, down, ctx, &e, reason).await?;
+            if matches!(e.status, 413 | 503) {
+                linger(session).await;
+            }
+            Ok(None)
         }
         Err(BodyError::ClientGone) => {
             state.metrics.client_disconnects.inc();
@@ -99,6 +103,29 @@ pub async fn discard_small_body(session: &mut Session, deadline: Duration) {
     if declared_length(session).is_some_and(|n| n > 0 && n <= MAX_DISCARD_BYTES) {
         let _ = tokio::time::timeout(deadline, session.drain_request_body()).await;
     }
+}
+
+/// Most bytes a lingering close reads and throws away, and for how long.
+const LINGER_MAX_BYTES: usize = 64 << 20;
+const LINGER_FOR: Duration = Duration::from_secs(2);
+
+/// A lingering close (RFC 9112 §9.6, nginx's `lingering_close`): after answering before the
+/// body was read, keeps reading and discarding what the client still sends, for a bounded time
+/// and byte count, before the connection closes. Closing at once would reset a connection
+/// whose client is still writing its body (most clients write it all before reading), and the
+/// reset destroys the answer in its receive buffer: the client sees a broken pipe, not the 413
+/// or 503. Discarded chunks are not held, so this takes nothing from the buffered-bytes budget.
+async fn linger(session: &mut Session) {
+    let drain = async {
+        let mut seen = 0usize;
+        while let Ok(Some(chunk)) = session.read_request_body().await {
+            seen += chunk.len();
+            if seen >= LINGER_MAX_BYTES {
+                break;
+            }
+        }
+    };
+    let _ = tokio::time::timeout(LINGER_FOR, drain).await;
 }
 
 /// Reads the whole body (at most `limit` bytes, within `deadline`), its bytes taken from the
