@@ -33,6 +33,13 @@ pub struct Args {
     /// Peers to leave out (comma-separated: nginx, sglang-router, vllm-router).
     #[arg(long, value_delimiter = ',')]
     skip: Vec<String>,
+    /// Only the targets named (comma-separated), e.g. to profile
+    /// one warmpath configuration alone: `--only "warmpath round_robin"`.
+    #[arg(long, value_delimiter = ',')]
+    only: Vec<String>,
+    /// Only these workloads (comma-separated: small, agent).
+    #[arg(long, value_delimiter = ',')]
+    workloads: Vec<String>,
     /// A short run for smoke tests (fewer requests, one round).
     #[arg(long)]
     quick: bool,
@@ -139,7 +146,8 @@ pub async fn run(a: Args) -> anyhow::Result<()> {
     // warmpath's own targets must start.
     let mut left_out = Vec::new();
     let mut ready = Vec::with_capacity(list.len());
-    for mut t in list {
+    let wanted = |t: &Target| a.only.is_empty() || a.only.contains(&t.name);
+    for mut t in list.into_iter().filter(wanted) {
         match targets::wait_ready(&mut t, &small).await {
             Ok(()) => {
                 eprintln!("ready: {}", t.name);
@@ -154,7 +162,10 @@ pub async fn run(a: Args) -> anyhow::Result<()> {
     }
     let list = ready;
 
-    let workloads = [("small", &small), ("agent 60 KB", &agent)];
+    let workloads: Vec<(&str, &Bytes)> = [("small", &small), ("agent 60 KB", &agent)]
+        .into_iter()
+        .filter(|(w, _)| a.workloads.is_empty() || a.workloads.iter().any(|k| w.starts_with(k.as_str())))
+        .collect();
     // samples[workload][target] over rounds
     let mut samples = vec![vec![Vec::<Sample>::new(); list.len()]; workloads.len()];
     let steps = rounds * workloads.len() * list.len();

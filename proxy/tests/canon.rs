@@ -96,3 +96,34 @@ fn a_malformed_tool_is_the_clients_400() {
     assert_eq!(r.status, 400, "{}", r.text());
     assert_eq!(r.json()["error"]["param"], "tools", "{}", r.text());
 }
+
+/// A pool that reads nothing of the prompt passes the body on as sent, malformed message and
+/// all (the backend refuses what it cannot read); one whose stages read the prompt refuses it
+/// itself, naming the message.
+#[test]
+fn only_a_pool_that_reads_the_prompt_reads_the_messages() {
+    let backend = Scripted::start_with(|_| json!({"id": "x", "object": "chat.completion", "choices": []}));
+    let lean = Proxy::start(&policy("", PASSTHROUGH, &["m"], &[("b", format!("http://{}", backend.addr))]));
+    let reading = Proxy::start(&policy("", CANON_ON, &["m"], &[("b", format!("http://{}", backend.addr))]));
+    let body =
+        br#"{"model":"m","messages":[{"content":"no role"}],"tools":[{"type":"function"}], "max_tokens":1}"#;
+    let r = request(lean.addr, "POST", "/v1/chat/completions", &[("content-type", "application/json")], body);
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert_eq!(
+        backend.bodies.lock().expect("lock").last().map(Vec::as_slice),
+        Some(&body[..]),
+        "byte for byte"
+    );
+    let r =
+        request(reading.addr, "POST", "/v1/chat/completions", &[("content-type", "application/json")], body);
+    assert_eq!(r.status, 400, "{}", r.text());
+    assert!(r.json()["error"]["message"].as_str().is_some_and(|m| m.contains("messages[0]")), "{}", r.text());
+    assert_eq!(backend.bodies.lock().expect("lock").len(), 1, "the refused one never left");
+    // Both still refuse what is not one JSON object at the top level.
+    for proxy in [&lean, &reading] {
+        let r =
+            request(proxy.addr, "POST", "/v1/chat/completions", &[], br#"{"model":"m","messages":[] "x":1}"#);
+        assert_eq!(r.status, 400, "{}", r.text());
+        assert!(r.json()["error"]["message"].as_str().is_some_and(|m| m.starts_with("invalid JSON")));
+    }
+}

@@ -13,11 +13,10 @@ use std::time::{Duration, Instant};
 use bytes::{Bytes, BytesMut};
 use http::HeaderValue;
 use moka::sync::Cache;
-use serde_json::value::RawValue;
 use xxhash_rust::xxh3::Xxh3;
 
 use crate::config::ResponseCacheConfig;
-use crate::request::{LlmRequest, LlmRoute};
+use crate::request::{LlmRequest, LlmRoute, Raw};
 
 /// Bytes an entry costs beyond its body: the map slot, the entry, its header value.
 const ENTRY_OVERHEAD: usize = 128;
@@ -81,7 +80,7 @@ pub fn verdict(req: &LlmRequest<'_>) -> Verdict {
         return Verdict::Bypass("route");
     }
     let field = |name: &str| req.extra_raw(name);
-    let number = |v: Option<&RawValue>| v.and_then(|v| serde_json::from_str::<f64>(v.get()).ok());
+    let number = |v: Option<Raw<'_>>| v.and_then(|v| serde_json::from_str::<f64>(v.get()).ok());
     if let Some(n) = field("n") {
         if number(Some(n)) != Some(1.0) && n.get() != "null" {
             return Verdict::Bypass("n");

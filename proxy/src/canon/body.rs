@@ -3,7 +3,6 @@
 
 use std::sync::Arc;
 
-use serde_json::value::RawValue;
 use serde_json::{Map, Value};
 
 use crate::request::{json, LlmRequest};
@@ -21,8 +20,8 @@ pub(super) fn with_content(raw: &str, text: &str) -> String {
 }
 
 /// A string `input` as the one user message item it stands for.
-pub(super) fn user_item(content: &RawValue) -> String {
-    format!("{{\"role\":\"user\",\"content\":{}}}", json::minify(content.get()))
+pub(super) fn user_item(content: &str) -> String {
+    format!("{{\"role\":\"user\",\"content\":{}}}", json::minify(content))
 }
 
 pub(super) fn note_message(role: &str, text: &str) -> String {
@@ -50,7 +49,7 @@ impl Body {
 
     /// Every other top-level field in the order sent, `tools` canonical.
     pub fn extras(&mut self, req: &LlmRequest<'_>, tools: Option<&[Arc<CanonTool>]>) {
-        let at = req.tools.as_ref().map(|(at, _)| *at);
+        let at = req.tools_at();
         for i in 0..=req.extra.len() {
             if let (Some(tools), true) = (tools, at == Some(i)) {
                 self.key("tools");

@@ -22,9 +22,9 @@ impl Canon {
         let mut lookups = Lookups::default();
         let tools = self.tools(req)?;
         let lead_system =
-            req.messages.first().is_some_and(|m| matches!(m.role.0.as_ref(), "system" | "developer"));
+            req.messages().first().is_some_and(|m| matches!(m.role.0.as_ref(), "system" | "developer"));
         let system_text =
-            lead_system.then(|| req.messages[0].content.as_ref().and_then(ContentView::text)).flatten();
+            lead_system.then(|| req.messages()[0].content.as_ref().and_then(ContentView::text)).flatten();
         let moved = self.split_system(system_text.as_deref(), &mut edits);
         let note = moved.as_ref().map(|m| m.lines.join("\n"));
         if let Some((_, changed)) = &tools {
@@ -40,7 +40,7 @@ impl Canon {
         };
         let sent_tools: Option<&[Arc<CanonTool>]> =
             plan.as_ref().map(|p| p.kept.as_slice()).or(tools.as_ref().map(|(t, _)| t.as_slice()));
-        let reinserts = plan.as_ref().map(|p| reinserts(&p.set, &req.messages)).unwrap_or_default();
+        let reinserts = plan.as_ref().map(|p| reinserts(&p.set, req.messages())).unwrap_or_default();
         if let Some(p) = &plan {
             edits.deferred = Some(Deferred {
                 tools: p.set.tools.len(),
@@ -55,7 +55,7 @@ impl Canon {
             let mut b = Body::new(req.model());
             b.key("messages");
             b.out.push('[');
-            for (i, raw) in req.raw_messages.iter().enumerate() {
+            for (i, raw) in req.raw_messages().iter().enumerate() {
                 if i > 0 {
                     b.out.push(',');
                 }
@@ -97,7 +97,7 @@ impl Canon {
                 stable.system_turn(system.as_deref(), lines);
                 let mut rest = PromptBuilder::default();
                 let skip = usize::from(lead_system);
-                for (i, m) in req.messages.iter().enumerate().skip(skip) {
+                for (i, m) in req.messages().iter().enumerate().skip(skip) {
                     if let Some(Some(r)) = reinserts.get(i) {
                         rest.turn("assistant", "", [tool_call_text(SEARCH_TOOL, &r.arguments).as_str()]);
                         rest.tool_result(&r.id, &r.result);

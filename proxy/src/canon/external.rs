@@ -81,11 +81,8 @@ impl Canon {
         let input = match body {
             Some(b) => serde_json::from_slice::<Input>(b).ok()?,
             None => Input {
-                messages: req.raw_messages.iter().filter_map(|r| jinja::parse(r.get())).collect(),
-                tools: req
-                    .tools
-                    .as_ref()
-                    .map(|(_, l)| l.iter().filter_map(|r| jinja::parse(r.get())).collect()),
+                messages: req.raw_messages().iter().filter_map(|r| jinja::parse(r.get())).collect(),
+                tools: req.tools().map(|l| l.iter().filter_map(|r| jinja::parse(r.get())).collect()),
                 chat_template_kwargs: req
                     .extra_raw("chat_template_kwargs")
                     .and_then(|r| jinja::parse(r.get())),

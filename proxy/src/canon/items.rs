@@ -58,8 +58,8 @@ impl ItemView<'_> {
 }
 
 /// The text of a raw content value (Responses items), as [`ContentView::text`] reads it.
-pub fn text_of<'a>(raw: Option<&'a RawValue>) -> Option<Cow<'a, str>> {
-    serde_json::from_str::<ContentView<'a>>(raw?.get()).ok()?.text()
+pub fn text_of(raw: Option<&str>) -> Option<Cow<'_, str>> {
+    serde_json::from_str::<ContentView<'_>>(raw?).ok()?.text()
 }
 
 /// One input item into the prompt: messages as turns, function calls and their outputs as tool
@@ -73,11 +73,11 @@ pub(super) fn render_item(b: &mut PromptBuilder, raw: &RawValue) {
             b.turn("assistant", "", [call.as_str()]);
         }
         Some("function_call_output") => {
-            b.tool_result(item.call_id(), &text_of(item.output).unwrap_or_default());
+            b.tool_result(item.call_id(), &text_of(item.output.map(RawValue::get)).unwrap_or_default());
         }
         _ => {
             let role = item.role.as_ref().map_or("user", |r| r.0.as_ref());
-            b.turn(role, &text_of(item.content).unwrap_or_default(), []);
+            b.turn(role, &text_of(item.content.map(RawValue::get)).unwrap_or_default(), []);
         }
     }
 }

@@ -179,7 +179,7 @@ impl Canon {
     /// The tools of `tools` (raw), canonical, in the order the backend will get them, and
     /// whether that differs from what was sent. `None` when the field is not a list.
     fn tools(&self, req: &LlmRequest<'_>) -> Result<Option<ToolList>, ApiError> {
-        let Some((_, list)) = &req.tools else { return Ok(None) };
+        let Some(list) = req.tools() else { return Ok(None) };
         let mut out = Vec::with_capacity(list.len());
         let mut changed = false;
         for (i, t) in list.iter().enumerate() {

@@ -62,7 +62,7 @@ impl Canon {
                     reinserted = n;
                     out
                 }
-                (None, Some(c)) => vec![user_item(c)],
+                (None, Some(c)) => vec![user_item(c.get())],
                 (None, None) => Vec::new(),
             }
         });
@@ -93,7 +93,7 @@ impl Canon {
                     }
                 }
                 (None, Some(items), _) => items.iter().for_each(|i| render_item(&mut rest, i)),
-                (None, None, Some(c)) => rest.turn("user", &text_of(Some(c)).unwrap_or_default(), []),
+                (None, None, Some(c)) => rest.turn("user", &text_of(Some(c.get())).unwrap_or_default(), []),
                 (None, None, None) => {}
             }
             if let Some(n) = &note {
@@ -118,7 +118,7 @@ impl Canon {
                 (None, Some(_), Some(items), _) => {
                     Some(items.iter().map(|i| json::minify(i.get())).collect())
                 }
-                (None, Some(_), None, Some(c)) => Some(vec![Cow::Owned(user_item(c))]),
+                (None, Some(_), None, Some(c)) => Some(vec![Cow::Owned(user_item(c.get()))]),
                 (None, Some(_), None, None) => Some(Vec::new()),
                 (None, None, _, _) => None,
             };

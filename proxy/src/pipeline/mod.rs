@@ -64,8 +64,8 @@ pub async fn run(
     body: Bytes,
     head: &Head,
 ) -> pingora::Result<()> {
-    // 1. Parse.
-    let parsed = match LlmRequest::parse(route, &body) {
+    // 1. Parse the top level.
+    let mut parsed = match LlmRequest::scan(route, &body) {
         Ok(p) => p,
         Err(e) => return reject(state, down, ctx, &e, "bad_request").await,
     };
@@ -75,6 +75,10 @@ pub async fn run(
         let e = ApiError::model_not_found(parsed.model());
         return reject(state, down, ctx, &e, "model_not_found").await;
     };
+    // 3. The messages and tools, where the pool's stages read them.
+    if let Err(e) = read_prompt(pool, &mut parsed) {
+        return reject(state, down, ctx, &e, "bad_request").await;
+    }
     // The caller's key: may it use this model, and does the request fit its limits?
     let Some(key) = head.key.as_deref() else {
         return admitted(state, pool, down, ctx, parsed, &body, head).await;
@@ -92,7 +96,6 @@ pub async fn run(
             return respond::send_error(down, &r.error, &r.headers).await;
         }
     };
-    let mut parsed = parsed;
     // A stream of a key whose tokens are limited asks for its usage (which settles them); the
     // client does not see the chunk it did not ask for.
     parsed.ask_usage = ticket.counts_tokens() && usage::unasked(&parsed);
@@ -130,10 +133,28 @@ pub async fn run_on(
     body: Bytes,
     head: &Head,
 ) -> pingora::Result<()> {
-    match LlmRequest::parse(route, &body) {
+    let parsed = LlmRequest::scan(route, &body).and_then(|mut p| read_prompt(pool, &mut p).map(|()| p));
+    match parsed {
         Ok(parsed) => admitted(state, pool, down, ctx, parsed, &body, head).await,
         Err(e) => reject(state, down, ctx, &e, "bad_request").await,
     }
+}
+
+/// Reads the messages and tools of a request for a pool whose stages read the prompt (safety
+/// checks, canonicalization, prefix blocks, a length check). Any other pool passes the body on
+/// as sent: a malformed message in it is the backend's to refuse.
+fn read_prompt(pool: &Pool, req: &mut LlmRequest<'_>) -> Result<(), ApiError> {
+    if pool.safety.is_some() || wants_blocks(pool) {
+        req.read_views()?;
+    }
+    Ok(())
+}
+
+/// Whether the pool's canonicalization rewrites the prompt or its routing or length check
+/// reads the prompt's prefix blocks.
+fn wants_blocks(pool: &Pool) -> bool {
+    let policy = &pool.route.policy;
+    policy.wants_prefix() || policy.wants_blocks() || pool.canon.rewrites() || checks_length(pool)
 }
 
 /// An admitted request: its input checks started (the rules decided, redactions made), then
@@ -351,8 +372,7 @@ struct Outgoing<'a> {
 /// The canonical body and prefix blocks, where the pool rewrites or its policy reads blocks;
 /// counted.
 fn prepare(state: &AppState, pool: &Pool, req: &LlmRequest<'_>) -> Result<Prepared, ApiError> {
-    let policy = &pool.route.policy;
-    let hash = policy.wants_prefix() || policy.wants_blocks() || pool.canon.rewrites() || checks_length(pool);
+    let hash = wants_blocks(pool);
     let started = Instant::now();
     let prepared = pool.canon.prepare(req, hash)?;
     pool.canon.record(&state.metrics, &pool.name, &prepared, started.elapsed());

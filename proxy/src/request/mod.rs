@@ -1,23 +1,26 @@
 //! The parsed request, at the bottom of the proxy: every stage that reads a request reads these
 //! views, and this module imports nothing of the proxy.
 //!
-//! The LLM routes and their bodies. A body is parsed once into a typed view that borrows from
-//! it: what routing reads is typed (`model`, the messages' roles, the content to hash), every
-//! other top-level field is kept as its raw JSON slice, in order, and everything below that stays
-//! in the body bytes, which go to the backend unchanged. Nothing is copied into owned JSON trees
-//! on the way — for a 60 KB agent request with 120 tool schemas that costs more than the rest of
-//! the proxy put together — and a later stage that rewrites a part parses just that part.
+//! The LLM routes and their bodies. A body is read into a view that borrows from it: the top
+//! level field by field (each value's extent found by [`scan`] without parsing it), `model` and
+//! the few fields routing reads typed, every other field kept as its raw text, in order; the
+//! body goes to the backend unchanged. The messages and tools are read only for a pool whose
+//! stages read the prompt (canonicalization, prefix hashing, safety checks), and a stage that
+//! rewrites a part parses just that part. Nothing is copied into owned JSON trees on the way:
+//! for a 60 KB agent request with 120 tool schemas that costs more than the rest of the proxy
+//! put together.
 
 use std::borrow::Cow;
 use std::fmt;
 
-use serde::de::{self, DeserializeSeed, Deserializer, MapAccess, Visitor};
+use serde::de::{self, Deserializer, MapAccess, Visitor};
 use serde::Deserialize;
 use serde_json::value::RawValue;
 use warmpath_wire::openai::ApiError;
 
 pub mod head;
 pub mod json;
+pub mod scan;
 
 /// A route that goes to a backend.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -189,23 +192,42 @@ impl<'de: 'a, 'a> Deserialize<'de> for ContentView<'a> {
     }
 }
 
+/// A JSON value's text as the client sent it, borrowed from the body. Its extent is known (its
+/// brackets and strings match); what it holds is parsed by the stage that reads it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Raw<'a>(&'a str);
+
+impl<'a> Raw<'a> {
+    pub fn get(self) -> &'a str {
+        self.0
+    }
+}
+
 /// A request body, typed where routing reads it.
+///
+/// [`LlmRequest::parse`] reads the top level (each field's extent, `model` and the few fields
+/// warmpath types) and the views of the prompt (each message, each tool); [`LlmRequest::scan`]
+/// only the top level, for a pool that reads nothing of the prompt, and
+/// [`LlmRequest::read_views`] the rest later, if a stage needs it.
 #[derive(Debug)]
 pub struct LlmRequest<'a> {
     pub route: LlmRoute,
     pub model: BodyStr<'a>,
-    /// Chat only: the messages, and each one's raw JSON.
-    pub messages: Vec<MessageView<'a>>,
-    pub raw_messages: Vec<&'a RawValue>,
+    /// Chat only: `messages` as sent.
+    messages_raw: Option<Raw<'a>>,
+    /// Chat only: each message as read, and its text (after [`LlmRequest::read_views`]).
+    messages: Vec<MessageView<'a>>,
+    raw_messages: Vec<Raw<'a>>,
     /// `prompt` (completions) or `input` (responses, embeddings).
-    pub content: Option<&'a RawValue>,
+    pub content: Option<Raw<'a>>,
     /// Responses only: `instructions`.
-    pub instructions: Option<&'a RawValue>,
-    /// Chat and Responses: `tools`, each definition's raw JSON, with the index in `extra` the
-    /// field had (read once here: a 50 KB tool list must not be scanned twice).
-    pub tools: Option<(usize, Vec<&'a RawValue>)>,
+    pub instructions: Option<Raw<'a>>,
+    /// Chat and Responses: `tools` as sent, with the index in `extra` the field had, and (after
+    /// [`LlmRequest::read_views`]) each definition's text.
+    tools_raw: Option<(usize, Raw<'a>)>,
+    tools: Vec<Raw<'a>>,
     /// Every other top-level field, in order, as raw JSON.
-    pub extra: Vec<(BodyStr<'a>, &'a RawValue)>,
+    pub extra: Vec<(BodyStr<'a>, Raw<'a>)>,
     /// The caller's tenant salt (API keys kept apart in the prefix cache): joined in front of
     /// the request's own `cache_salt` wherever prefix blocks are hashed, and put into the body
     /// that goes to the backend.
@@ -213,25 +235,156 @@ pub struct LlmRequest<'a> {
     /// Ask the backend for this stream's usage, which the client did not (the caller's tokens
     /// are limited: the usage settles them).
     pub ask_usage: bool,
+    views_read: bool,
+}
+
+fn invalid(what: &str, e: impl fmt::Display) -> ApiError {
+    ApiError::invalid_request(format!("{what}: {e}"))
 }
 
 impl<'a> LlmRequest<'a> {
+    /// The whole request as the stages read it: top level and views (400 on what is not valid).
     pub fn parse(route: LlmRoute, body: &'a [u8]) -> Result<LlmRequest<'a>, ApiError> {
-        let mut de = serde_json::Deserializer::from_slice(body);
-        let req =
-            RequestSeed(route).deserialize(&mut de).and_then(|r| de.end().map(|()| r)).map_err(|e| {
-                let what = if e.is_syntax() || e.is_eof() { "invalid JSON" } else { "invalid request" };
-                ApiError::invalid_request(format!("{what}: {e}"))
-            })?;
-        Ok(req)
+        let mut r = LlmRequest::scan(route, body)?;
+        r.read_views()?;
+        Ok(r)
+    }
+
+    /// The top level only: each field's extent, and the fields typed here. Each byte of the
+    /// body is looked at once; the messages and tools are not read.
+    pub fn scan(route: LlmRoute, body: &'a [u8]) -> Result<LlmRequest<'a>, ApiError> {
+        let text = std::str::from_utf8(body).map_err(|e| invalid("invalid JSON", e))?;
+        let fields = scan::object_fields(text).map_err(|e| {
+            let what = if e.what.starts_with("expected a JSON") { "invalid request" } else { "invalid JSON" };
+            invalid(what, e.describe(body))
+        })?;
+        let content_field = route.content_field();
+        let mut r = LlmRequest {
+            route,
+            model: BodyStr(Cow::Borrowed("")),
+            messages_raw: None,
+            messages: Vec::new(),
+            raw_messages: Vec::new(),
+            content: None,
+            instructions: None,
+            tools_raw: None,
+            tools: Vec::new(),
+            extra: Vec::with_capacity(fields.len()),
+            tenant_salt: None,
+            ask_usage: false,
+            views_read: false,
+        };
+        let mut model = None;
+        let dup = |name: &str| invalid("invalid request", format!("duplicate field `{name}`"));
+        for (k, v) in fields {
+            let v = Raw(v);
+            let slot = match k.as_ref() {
+                "model" => {
+                    let m = serde_json::from_str::<BodyStr<'a>>(v.0)
+                        .map_err(|e| invalid("invalid request", format!("model: {e}")))?;
+                    if model.replace(m).is_some() {
+                        return Err(dup("model"));
+                    }
+                    continue;
+                }
+                "messages" if route == LlmRoute::Chat => {
+                    if !v.0.starts_with('[') {
+                        return Err(invalid("invalid request", "messages: expected a list of messages"));
+                    }
+                    &mut r.messages_raw
+                }
+                f if f == content_field && route != LlmRoute::Chat => &mut r.content,
+                "instructions" if route == LlmRoute::Responses => &mut r.instructions,
+                "tools" if matches!(route, LlmRoute::Chat | LlmRoute::Responses) => {
+                    if r.tools_raw.replace((r.extra.len(), v)).is_some() {
+                        return Err(dup("tools"));
+                    }
+                    continue;
+                }
+                _ => {
+                    if r.extra.iter().any(|(e, _)| e.0 == k) {
+                        return Err(dup(&k));
+                    }
+                    r.extra.push((BodyStr(k), v));
+                    continue;
+                }
+            };
+            if slot.replace(v).is_some() {
+                return Err(dup(&k));
+            }
+        }
+        r.model = model.ok_or_else(|| invalid("invalid request", "missing field `model`"))?;
+        if route == LlmRoute::Chat && r.messages_raw.is_none() {
+            return Err(invalid("invalid request", "missing field `messages`"));
+        }
+        if matches!(route, LlmRoute::Completions | LlmRoute::Embeddings) && r.content.is_none() {
+            return Err(invalid("invalid request", format!("missing field `{content_field}`")));
+        }
+        Ok(r)
+    }
+
+    /// Reads each message (strictly: 400 on a message that is not one) and splits the tool
+    /// list, for the stages that read the prompt. Reading twice is a no-op.
+    pub fn read_views(&mut self) -> Result<(), ApiError> {
+        if self.views_read {
+            return Ok(());
+        }
+        if let Some(raw) = self.messages_raw {
+            let list = scan::array_elements(raw.0)
+                .map_err(|e| invalid("invalid JSON", format!("messages: {}", e.describe(raw.0.as_bytes()))))?
+                .unwrap_or_default();
+            self.messages = list
+                .iter()
+                .enumerate()
+                .map(|(i, m)| {
+                    MessageView::deserialize(&mut serde_json::Deserializer::from_str(m))
+                        .map_err(|e| invalid("invalid request", format!("messages[{i}]: {e}")))
+                })
+                .collect::<Result<_, _>>()?;
+            self.raw_messages = list.into_iter().map(Raw).collect();
+        }
+        if let Some((_, raw)) = self.tools_raw {
+            self.tools = match scan::array_elements(raw.0) {
+                Ok(Some(list)) => list.into_iter().map(Raw).collect(),
+                Ok(None) => return Err(invalid("invalid request", "tools: expected a list of tools")),
+                Err(e) => {
+                    return Err(invalid("invalid JSON", format!("tools: {}", e.describe(raw.0.as_bytes()))))
+                }
+            };
+        }
+        self.views_read = true;
+        Ok(())
     }
 
     pub fn model(&self) -> &str {
         &self.model.0
     }
 
+    /// Chat: each message as read.
+    pub fn messages(&self) -> &[MessageView<'a>] {
+        debug_assert!(self.views_read, "messages read before read_views");
+        &self.messages
+    }
+
+    /// Chat: each message's text as sent.
+    pub fn raw_messages(&self) -> &[Raw<'a>] {
+        debug_assert!(self.views_read, "messages read before read_views");
+        &self.raw_messages
+    }
+
+    /// `tools`: each definition's text, if the field was sent.
+    pub fn tools(&self) -> Option<&[Raw<'a>]> {
+        debug_assert!(self.views_read, "tools read before read_views");
+        self.tools_raw.map(|_| self.tools.as_slice())
+    }
+
+    /// The index in `extra` the `tools` field had.
+    pub fn tools_at(&self) -> Option<usize> {
+        self.tools_raw.map(|(at, _)| at)
+    }
+
     /// A top-level field not typed here, as raw JSON.
-    pub fn extra_raw(&self, name: &str) -> Option<&'a RawValue> {
+    pub fn extra_raw(&self, name: &str) -> Option<Raw<'a>> {
         self.extra.iter().find(|(k, _)| k.0 == name).map(|(_, v)| *v)
     }
 
@@ -255,99 +408,6 @@ impl<'a> LlmRequest<'a> {
     }
 }
 
-struct RequestSeed(LlmRoute);
-
-impl<'de> de::DeserializeSeed<'de> for RequestSeed {
-    type Value = LlmRequest<'de>;
-    fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<Self::Value, D::Error> {
-        d.deserialize_map(self)
-    }
-}
-
-impl<'de> Visitor<'de> for RequestSeed {
-    type Value = LlmRequest<'de>;
-
-    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str("a JSON object")
-    }
-
-    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
-        let route = self.0;
-        let content_field = route.content_field();
-        let mut model: Option<BodyStr<'de>> = None;
-        let mut messages: Option<Vec<&'de RawValue>> = None;
-        let mut content: Option<&'de RawValue> = None;
-        let mut instructions: Option<&'de RawValue> = None;
-        let mut tools: Option<(usize, Vec<&'de RawValue>)> = None;
-        let mut extra = Vec::new();
-        while let Some(k) = map.next_key::<BodyStr<'de>>()? {
-            let dup = |name: &'static str| de::Error::duplicate_field(name);
-            match k.0.as_ref() {
-                "model" => {
-                    if model.replace(map.next_value()?).is_some() {
-                        return Err(dup("model"));
-                    }
-                }
-                "messages" if route == LlmRoute::Chat => {
-                    if messages.replace(map.next_value()?).is_some() {
-                        return Err(dup("messages"));
-                    }
-                }
-                f if f == content_field && route != LlmRoute::Chat => {
-                    if content.replace(map.next_value()?).is_some() {
-                        return Err(dup(content_field));
-                    }
-                }
-                "tools" if matches!(route, LlmRoute::Chat | LlmRoute::Responses) => {
-                    if tools.replace((extra.len(), map.next_value()?)).is_some() {
-                        return Err(dup("tools"));
-                    }
-                }
-                "instructions" if route == LlmRoute::Responses => {
-                    if instructions.replace(map.next_value()?).is_some() {
-                        return Err(dup("instructions"));
-                    }
-                }
-                _ => {
-                    let v: &'de RawValue = map.next_value()?;
-                    if extra.iter().any(|(e, _): &(BodyStr<'de>, &RawValue)| e.0 == k.0) {
-                        return Err(de::Error::custom(format!("duplicate field `{}`", k.0)));
-                    }
-                    extra.push((k, v));
-                }
-            }
-        }
-        let model = model.ok_or_else(|| de::Error::missing_field("model"))?;
-        let raw_messages = match route {
-            LlmRoute::Chat => messages.ok_or_else(|| de::Error::missing_field("messages"))?,
-            _ => Vec::new(),
-        };
-        let messages = raw_messages
-            .iter()
-            .enumerate()
-            .map(|(i, raw)| {
-                MessageView::deserialize(&mut serde_json::Deserializer::from_str(raw.get()))
-                    .map_err(|e| de::Error::custom(format!("messages[{i}]: {e}")))
-            })
-            .collect::<Result<Vec<_>, A::Error>>()?;
-        if matches!(route, LlmRoute::Completions | LlmRoute::Embeddings) && content.is_none() {
-            return Err(de::Error::missing_field(content_field));
-        }
-        Ok(LlmRequest {
-            route,
-            model,
-            messages,
-            raw_messages,
-            content,
-            instructions,
-            tools,
-            extra,
-            tenant_salt: None,
-            ask_usage: false,
-        })
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -357,15 +417,34 @@ mod tests {
         let body = br#"{"model":"m","messages":[{"role":"system","content":"be \"brief\""},{"role":"assistant","content":null,"tool_calls":[]}],"tools":[{"type":"function"}],"user":"u1","temperature":0.50}"#;
         let r = LlmRequest::parse(LlmRoute::Chat, body).expect("parses");
         assert_eq!(r.model(), "m");
-        assert_eq!(r.messages.len(), 2);
-        assert_eq!(r.messages[0].role.0, "system");
-        assert!(r.messages[1].content.is_none());
+        assert_eq!(r.messages().len(), 2);
+        assert_eq!(r.messages()[0].role.0, "system");
+        assert!(r.messages()[1].content.is_none());
         let keys: Vec<&str> = r.extra.iter().map(|(k, _)| k.0.as_ref()).collect();
         assert_eq!(keys, ["user", "temperature"]);
-        assert_eq!(r.tools.as_ref().map(|(at, t)| (*at, t.len())), Some((0, 1)), "tools read once, in place");
+        assert_eq!((r.tools_at(), r.tools().map(<[_]>::len)), (Some(0), Some(1)), "tools kept in place");
         assert_eq!(r.extra[1].1.get(), "0.50", "raw slices keep the client's spelling");
         assert_eq!(r.extra_str("user").as_deref(), Some("u1"));
         assert!(matches!(r.model.0, Cow::Borrowed(_)), "no copy of unescaped strings");
+    }
+
+    #[test]
+    fn a_scan_reads_the_top_level_and_leaves_the_prompt_to_whoever_reads_it() {
+        let body = br#"{"messages":[{"content":"no role"}],"tools":[{"x":1},2],"model":"m","stream":true}"#;
+        let mut r = LlmRequest::scan(LlmRoute::Chat, body).expect("the top level is fine");
+        assert_eq!((r.model(), r.streams(), r.tools_at()), ("m", true, Some(0)));
+        let e = r.read_views().expect_err("the message is not one");
+        assert!(e.message().contains("messages[0]") && e.message().contains("role"), "{}", e.message());
+        let e = LlmRequest::parse(LlmRoute::Chat, br#"{"model":"m","messages":[],"tools":{}}"#)
+            .expect_err("not a list");
+        assert!(e.message().contains("tools"), "{}", e.message());
+        let bad_utf8 = b"{\"model\":\"m\",\"messages\":[{\"role\":\"user\",\"content\":\"\xff\"}]}";
+        assert!(LlmRequest::scan(LlmRoute::Chat, bad_utf8)
+            .expect_err("not UTF-8")
+            .message()
+            .starts_with("invalid JSON"));
+        let e = LlmRequest::scan(LlmRoute::Chat, br#"[{"model":"m"}]"#).expect_err("not an object");
+        assert!(e.message().starts_with("invalid request"), "{}", e.message());
     }
 
     #[test]
@@ -393,6 +472,6 @@ mod tests {
         assert!(bad(LlmRoute::Embeddings, br#"{"model":"m"}"#).message().contains("input"));
         let ok = LlmRequest::parse(LlmRoute::Responses, br#"{"model":"m","input":"hi","instructions":"x"}"#)
             .expect("ok");
-        assert_eq!(ok.content.map(RawValue::get), Some("\"hi\""));
+        assert_eq!(ok.content.map(Raw::get), Some("\"hi\""));
     }
 }

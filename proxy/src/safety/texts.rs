@@ -12,7 +12,7 @@ use crate::request::{ContentView, LlmRequest};
 /// The turns of a request's input, in order.
 pub fn input_turns(req: &LlmRequest<'_>) -> Vec<Turn> {
     let mut out = Vec::new();
-    for m in &req.messages {
+    for m in req.messages() {
         let text = match &m.content {
             Some(ContentView::Text(t)) => t.0.to_string(),
             // Text parts joined as the template joins them; parts that are not text (an image)
@@ -120,7 +120,7 @@ pub fn rewrite_body(
 ) -> Option<Vec<u8>> {
     let base = body.as_ptr() as usize;
     let mut edits: Vec<(usize, usize, String)> = Vec::new();
-    let raws = req.raw_messages.iter().copied().chain(req.instructions).chain(req.content);
+    let raws = req.raw_messages().iter().copied().chain(req.instructions).chain(req.content);
     for raw in raws {
         let text = raw.get();
         let at = (text.as_ptr() as usize).checked_sub(base)?;
