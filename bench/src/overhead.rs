@@ -37,7 +37,7 @@ pub struct Args {
     /// one warmpath configuration alone: `--only "warmpath round_robin"`.
     #[arg(long, value_delimiter = ',')]
     only: Vec<String>,
-    /// Only these workloads (comma-separated: small, agent).
+    /// Only these workloads (comma-separated prefixes: small, agent, streamed).
     #[arg(long, value_delimiter = ',')]
     workloads: Vec<String>,
     /// A short run for smoke tests (fewer requests, one round).
@@ -105,6 +105,9 @@ pub async fn run(a: Args) -> anyhow::Result<()> {
     let model = upstream::model();
     let small = Bytes::from(requests::small(model));
     let agent = Bytes::from(requests::agent(model));
+    let (few, many) = (22, 220);
+    let stream_few = Bytes::from(requests::streamed(model, few));
+    let stream_many = Bytes::from(requests::streamed(model, many));
 
     let mut list: Vec<Target> = vec![
         targets::direct(up),
@@ -162,22 +165,30 @@ pub async fn run(a: Args) -> anyhow::Result<()> {
     }
     let list = ready;
 
-    let workloads: Vec<(&str, &Bytes)> = [("small", &small), ("agent 60 KB", &agent)]
-        .into_iter()
-        .filter(|(w, _)| a.workloads.is_empty() || a.workloads.iter().any(|k| w.starts_with(k.as_str())))
-        .collect();
+    // (name, body, requests ÷): a streamed answer takes a millisecond a chunk, so the long one
+    // runs a tenth of the requests.
+    let workloads: Vec<(&str, &Bytes, usize)> = [
+        ("small", &small, 1),
+        ("agent 60 KB", &agent, 1),
+        ("streamed, 22 chunks", &stream_few, 1),
+        ("streamed, 220 chunks", &stream_many, 10),
+    ]
+    .into_iter()
+    .filter(|(w, ..)| a.workloads.is_empty() || a.workloads.iter().any(|k| w.starts_with(k.as_str())))
+    .collect();
     // samples[workload][target] over rounds
     let mut samples = vec![vec![Vec::<Sample>::new(); list.len()]; workloads.len()];
     let steps = rounds * workloads.len() * list.len();
     let mut step = 0;
     for round in 0..rounds {
-        for (w, (_, body)) in workloads.iter().enumerate() {
+        for (w, (_, body, divisor)) in workloads.iter().enumerate() {
             // Rotate the order each round so no target always runs first.
             for k in 0..list.len() {
                 let i = (k + round) % list.len();
                 step += 1;
                 eprint!("\r[{step}/{steps}] {:<28}", list[i].name);
-                let s = measure(&list[i], body, requests, a.concurrency, probe(&list[i])).await;
+                let n = (requests / divisor).max(50);
+                let s = measure(&list[i], body, n, a.concurrency, probe(&list[i])).await;
                 samples[w][i].push(s);
             }
         }
@@ -202,7 +213,8 @@ pub async fn run(a: Args) -> anyhow::Result<()> {
     for why in &left_out {
         let _ = writeln!(md, "Left out: {why}.\n");
     }
-    for (w, (wname, body)) in workloads.iter().enumerate() {
+    let mut per_workload: Vec<Vec<(String, Option<f64>)>> = Vec::new();
+    for (w, (wname, body, _)) in workloads.iter().enumerate() {
         let _ = writeln!(md, "## {wname} request ({} bytes)\n", body.len());
         let _ = writeln!(md, "| target | req/s | p50 ms | p99 ms | CPU µs/req | RSS MB | errors |");
         let _ = writeln!(md, "| --- | ---: | ---: | ---: | ---: | ---: | ---: |");
@@ -282,6 +294,10 @@ pub async fn run(a: Args) -> anyhow::Result<()> {
                 }
             }
         }
+        if let (Some(full), Some(ng)) = (exact(&format!("warmpath {FULL}")), get("nginx")) {
+            let _ = writeln!(md, "- warmpath {FULL} CPU / nginx CPU: **{:.2}×**", full / ng);
+        }
+        per_workload.push(cpu_of.clone());
         if let Some(wp) = exact("warmpath round_robin") {
             if let Some(ng) = get("nginx") {
                 let _ = writeln!(md, "- warmpath CPU / nginx CPU: **{:.2}×**", wp / ng);
@@ -296,6 +312,43 @@ pub async fn run(a: Args) -> anyhow::Result<()> {
             if let Some(rb) = rust_best {
                 let _ = writeln!(md, "- warmpath CPU / best Rust router CPU: **{:.2}×**", wp / rb);
             }
+        }
+        let _ = writeln!(md);
+    }
+    // What one more chunk of a stream costs: the difference between the long and the short
+    // stream over the chunks between them. Flat per-chunk cost is this figure matching the
+    // short stream's cost per chunk less its fixed part.
+    let streamed: Vec<usize> =
+        workloads.iter().enumerate().filter(|(_, w)| w.0.starts_with("streamed")).map(|(i, _)| i).collect();
+    if let [short, long] = streamed[..] {
+        let chunks = (many - few) as f64;
+        let _ = writeln!(
+            md,
+            "## Per streamed chunk
+"
+        );
+        let _ = writeln!(
+            md,
+            "CPU of one more chunk: (CPU/req with {many} chunks − with {few}) ÷ {}.
+",
+            many - few
+        );
+        let _ = writeln!(
+            md,
+            "| target | CPU µs/chunk |
+| --- | ---: |"
+        );
+        let mut per_chunk = Vec::new();
+        for ((name, s), (_, l)) in per_workload[short].iter().zip(&per_workload[long]) {
+            if let (Some(s), Some(l)) = (s, l) {
+                let c = (l - s) / chunks;
+                let _ = writeln!(md, "| {name} | {c:.2} |");
+                per_chunk.push((name.clone(), c));
+            }
+        }
+        let find = |p: &str| per_chunk.iter().find(|(n, _)| n.starts_with(p)).map(|(_, c)| *c);
+        if let (Some(wp), Some(ng)) = (find("warmpath round_robin"), find("nginx")) {
+            let _ = writeln!(md, "\n- warmpath CPU per chunk / nginx CPU per chunk: **{:.2}×**", wp / ng);
         }
         let _ = writeln!(md);
     }

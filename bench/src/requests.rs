@@ -3,6 +3,14 @@
 
 use serde_json::{json, Value};
 
+/// A small streamed chat request whose answer is `events` chunks (the bench upstream streams
+/// `max_tokens` of them).
+pub fn streamed(model: &str, events: usize) -> Vec<u8> {
+    json!({"model": model, "messages": [{"role": "user", "content": "Say hello."}], "max_tokens": events, "stream": true})
+        .to_string()
+        .into_bytes()
+}
+
 pub fn small(model: &str) -> Vec<u8> {
     json!({"model": model, "messages": [{"role": "user", "content": "Say hello."}], "max_tokens": 16})
         .to_string()

@@ -1,6 +1,7 @@
 //! A fast OpenAI-compatible upstream for overhead benchmarks: answers every chat request with a
-//! fixed small completion as soon as the body is in, and the probe endpoints the routers call
-//! (`/health`, `/v1/models`, sglang's `/server_info` and `/model_info`, vLLM's `/render`).
+//! fixed small completion as soon as the body is in (a stream of `max_tokens` chunks, one a
+//! millisecond, for `"stream":true`), and the probe endpoints the routers call (`/health`,
+//! `/v1/models`, sglang's `/server_info` and `/model_info`, vLLM's `/render`).
 
 use std::net::SocketAddr;
 
@@ -19,6 +20,51 @@ fn completion() -> String {
     .to_string()
 }
 
+/// The chunks of a streamed answer: one SSE event each, spaced by the timer's resolution (about
+/// a millisecond: a fast decode), so that each reaches the proxy as its own read, then the
+/// last chunk with `finish_reason` and usage, and `[DONE]`.
+fn stream(events: usize) -> axum::response::Response {
+    use futures_util::stream;
+    let chunk = move |content: &str, finish: Option<&str>| {
+        let mut c = serde_json::json!({"id": "chatcmpl-bench", "object": "chat.completion.chunk", "created": 0,
+            "model": MODEL, "choices": [{"index": 0, "delta": {"content": content}, "finish_reason": finish}]});
+        if finish.is_some() {
+            c["usage"] = serde_json::json!({"prompt_tokens": 10, "completion_tokens": events, "total_tokens": 10 + events});
+        }
+        Bytes::from(format!("data: {c}\n\n"))
+    };
+    let body = stream::unfold(0usize, move |i| async move {
+        if i > events {
+            return None;
+        }
+        if i > 0 {
+            tokio::time::sleep(std::time::Duration::from_millis(1)).await;
+        }
+        let out = if i < events {
+            chunk("tok ", None)
+        } else {
+            let mut last = chunk("", Some("stop")).to_vec();
+            last.extend_from_slice(b"data: [DONE]\n\n");
+            Bytes::from(last)
+        };
+        Some((Ok::<_, std::convert::Infallible>(out), i + 1))
+    });
+    axum::response::Response::builder()
+        .header(axum::http::header::CONTENT_TYPE, "text/event-stream")
+        .body(axum::body::Body::from_stream(body))
+        .unwrap_or_default()
+}
+
+/// `max_tokens` of a `"stream":true` request, which the answer streams as that many chunks.
+fn streamed_events(body: &[u8]) -> Option<usize> {
+    const STREAM: &[u8] = b"\"stream\":true";
+    if body.len() > 4096 || !body.windows(STREAM.len()).any(|w| w == STREAM) {
+        return None;
+    }
+    let v: serde_json::Value = serde_json::from_slice(body).ok()?;
+    (v["stream"] == true).then(|| v["max_tokens"].as_u64().unwrap_or(16) as usize)
+}
+
 fn json(body: String) -> ([(axum::http::HeaderName, &'static str); 1], String) {
     ([(axum::http::header::CONTENT_TYPE, "application/json")], body)
 }
@@ -35,9 +81,14 @@ pub fn start() -> anyhow::Result<SocketAddr> {
             let Ok(listener) = tokio::net::TcpListener::from_std(listener) else { return };
             let models = serde_json::json!({"object": "list", "data": [{"id": MODEL, "object": "model", "created": 0, "owned_by": "bench"}]}).to_string();
             let app = Router::new()
-                .route("/v1/chat/completions", post(move |_body: Bytes| {
+                .route("/v1/chat/completions", post(move |body: Bytes| {
                     let r = reply.clone();
-                    async move { json(r) }
+                    async move {
+                        match streamed_events(&body) {
+                            Some(n) => stream(n),
+                            None => axum::response::IntoResponse::into_response(json(r)),
+                        }
+                    }
                 }))
                 .route("/v1/chat/completions/render", post(|_b: Bytes| async { json(r#"{"token_ids":[1,2,3,4]}"#.into()) }))
                 .route("/v1/completions/render", post(|_b: Bytes| async { json(r#"[{"token_ids":[1,2,3,4]}]"#.into()) }))

@@ -63,6 +63,11 @@ impl ProxyHttp for WarmpathProxy {
         RequestCtx::new()
     }
 
+    /// No response modules: pingora's default is a compression module switched off, which
+    /// still runs its filter on every chunk written, and warmpath passes the backend's bytes on
+    /// as they are.
+    fn init_downstream_modules(&self, _modules: &mut pingora::modules::http::HttpModules) {}
+
     async fn early_request_filter(&self, session: &mut Session, ctx: &mut RequestCtx) -> Result<()> {
         ctx.request_id = crate::observe::request_id::ensure(session.req_header_mut());
         let state = self.live.load();

@@ -199,11 +199,11 @@ fn unchangeable(old: &Config, new: &Config) -> Result<(), String> {
     let restart = "restart for that (warmpath --upgrade keeps every connection)";
     let (o, n) = (&old.server, &new.server);
     let listeners = |s: &crate::config::ServerConfig| {
-        format!("{:?}", (s.listen, s.admin, &s.tls, &s.admin_tls, s.threads))
+        format!("{:?}", (s.listen, s.admin, &s.tls, &s.admin_tls, s.threads, s.work_stealing))
     };
     if listeners(o) != listeners(n) {
         return Err(format!(
-            "[server] listen, admin, tls, admin_tls and threads cannot change by reload: {restart}"
+            "[server] listen, admin, tls, admin_tls, threads and work_stealing cannot change by reload: {restart}"
         ));
     }
     let embedded = |c: &Config| {

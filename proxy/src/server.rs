@@ -125,6 +125,7 @@ pub fn run(policy: Policy, opts: RunOptions) -> anyhow::Result<()> {
         // was set: what an idle warmpath spent most of its CPU on. Timeouts of a second and
         // more go to tokio's timers instead, which sleep while nothing is due.
         fast_timeout_to_tokio_threshold_seconds: Some(0),
+        work_stealing: cfg.server.work_stealing,
         pid_file: handover.pid_file.clone(),
         upgrade_sock: handover.upgrade_sock.clone(),
         ..ServerConf::default()

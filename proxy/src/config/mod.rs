@@ -141,6 +141,10 @@ pub struct ServerConfig {
     pub admin: SocketAddr,
     /// pingora worker threads for the API listener.
     pub threads: usize,
+    /// Let the worker threads take each other's tasks (one tokio runtime for all of them);
+    /// off, each thread runs its own single-threaded runtime and keeps the connections it
+    /// accepted, as nginx's workers do: less bookkeeping per wake-up.
+    pub work_stealing: bool,
     /// Seconds in-flight requests get to finish after SIGTERM.
     pub grace_period_secs: u64,
     /// TLS on the API listener (HTTPS, HTTP/2, `wss://`).
@@ -178,6 +182,7 @@ impl Default for ServerConfig {
             listen: SocketAddr::from(([127, 0, 0, 1], 8080)),
             admin: SocketAddr::from(([127, 0, 0, 1], 8081)),
             threads: 2,
+            work_stealing: false,
             grace_period_secs: 30,
             tls: None,
             admin_tls: None,

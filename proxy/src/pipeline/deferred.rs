@@ -253,6 +253,8 @@ async fn stream(
     let mut usage: Option<Value> = None;
     let mut tail = Tail::default();
     let mut closing = r.state.lifecycle.closing();
+    let closed = closing.wait_for(|c| *c);
+    tokio::pin!(closed);
     loop {
         let mut split = sse::Splitter::default();
         loop {
@@ -266,7 +268,7 @@ async fn stream(
                     super::client_left(r.state, down, ctx);
                     return Ok(Attempt::Done);
                 }
-                _ = closing.wait_for(|c| *c) => None,
+                _ = &mut closed => None,
             };
             let Some(chunk) = chunk else {
                 let msg = "warmpath is shutting down: the stream was cut; retry the request";

@@ -238,6 +238,10 @@ pub async fn pump(
     observe: &mut (dyn FnMut(&[u8]) + Send),
     closing: &mut tokio::sync::watch::Receiver<bool>,
 ) -> Pumped {
+    // One wait for the shutdown signal for the whole stream (not one registered and dropped
+    // per chunk).
+    let closed = closing.wait_for(|c| *c);
+    tokio::pin!(closed);
     loop {
         if up.response_done() {
             // Checked before watching the client again: once it has the whole response it may
@@ -248,7 +252,7 @@ pub async fn pump(
             biased;
             r = up.read_response_body() => r,
             _ = down.gone() => return Pumped::ClientGone,
-            _ = closing.wait_for(|c| *c) => return Pumped::Closing,
+            _ = &mut closed => return Pumped::Closing,
         };
         match chunk {
             Ok(Some(bytes)) => {

@@ -258,6 +258,19 @@ struct Masks {
 /// Turns 64 bytes into their masks.
 trait Classifier {
     fn classify(block: &[u8; 64]) -> Masks;
+
+    /// Each bit the XOR of itself and every bit below it: 1 from an opening quote up to, not
+    /// including, its closing one. (A carry-less multiply by all ones where the CPU has one.)
+    #[inline(always)]
+    fn prefix_xor(mut x: u64) -> u64 {
+        x ^= x << 1;
+        x ^= x << 2;
+        x ^= x << 4;
+        x ^= x << 8;
+        x ^= x << 16;
+        x ^= x << 32;
+        x
+    }
 }
 
 /// The blocks from `at` on, with the state that crosses block edges: whether the last block
@@ -292,9 +305,14 @@ impl<'a, C: Classifier> Blocks<'a, C> {
             }
         };
         self.next = base + 64;
-        let escaped = escaped(m.backslash, &mut self.odd_backslash);
+        // Most blocks have no backslash, and most that have one are in a string.
+        let escaped = if m.backslash | self.odd_backslash == 0 {
+            0
+        } else {
+            escaped(m.backslash, &mut self.odd_backslash)
+        };
         let quotes = m.quote & !escaped;
-        let inside = prefix_xor(quotes) ^ self.in_string;
+        let inside = C::prefix_xor(quotes) ^ self.in_string;
         self.in_string = ((inside as i64) >> 63) as u64;
         Some(Block { base, quotes, open: m.open, close: m.close, inside })
     }
@@ -318,19 +336,6 @@ fn escaped(backslash: u64, carry: &mut u64) -> u64 {
     let even_carry_ends = even_carries & !backslash;
     let odd_carry_ends = odd_carries & !backslash;
     (even_carry_ends & ODD) | (odd_carry_ends & EVEN)
-}
-
-/// Each bit the XOR of itself and every bit below it: 1 from an opening quote up to, not
-/// including, its closing one.
-#[inline(always)]
-fn prefix_xor(mut x: u64) -> u64 {
-    x ^= x << 1;
-    x ^= x << 2;
-    x ^= x << 4;
-    x ^= x << 8;
-    x ^= x << 16;
-    x ^= x << 32;
-    x
 }
 
 /// The portable classifier, byte by byte (x86-64 uses it only to check the others).

@@ -1,6 +1,7 @@
 //! The scanner on x86-64's vector units: SSE2, which every x86-64 CPU has, and AVX2 (with
-//! POPCNT) where the CPU reports it, for which the whole block loop is compiled again so the
-//! classifier and the bit counts inline. The tests check each classifier against the plain one.
+//! POPCNT and PCLMULQDQ) where the CPU reports it, for which the whole block loop is compiled
+//! again so the classifier, the bit counts and the prefix XOR inline. The tests check each
+//! against the plain one.
 #![allow(unsafe_code)]
 
 use std::arch::x86_64::*;
@@ -12,7 +13,9 @@ use super::{container_end_with, string_end_with, Classifier, Masks, ScanError};
 
 /// Whether this CPU runs the AVX2 path (the check is a cached load).
 pub fn has_avx2() -> bool {
-    std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("popcnt")
+    std::arch::is_x86_feature_detected!("avx2")
+        && std::arch::is_x86_feature_detected!("popcnt")
+        && std::arch::is_x86_feature_detected!("pclmulqdq")
 }
 
 /// SSE2, which every x86-64 CPU has.
@@ -71,6 +74,15 @@ impl Classifier for Avx2 {
         }
         m
     }
+
+    #[inline(always)]
+    fn prefix_xor(x: u64) -> u64 {
+        // SAFETY: as above; PCLMULQDQ is enabled with AVX2 here.
+        unsafe {
+            let product = _mm_clmulepi64_si128(_mm_set_epi64x(0, x as i64), _mm_set1_epi8(-1), 0);
+            _mm_cvtsi128_si64(product) as u64
+        }
+    }
 }
 
 pub fn container_end_avx2(b: &[u8], at: usize) -> Result<usize, ScanError> {
@@ -83,12 +95,12 @@ pub fn string_end_avx2(b: &[u8], at: usize) -> Result<usize, ScanError> {
     unsafe { string_end_avx2_inner(b, at) }
 }
 
-#[target_feature(enable = "avx2,popcnt")]
+#[target_feature(enable = "avx2,popcnt,pclmulqdq")]
 unsafe fn container_end_avx2_inner(b: &[u8], at: usize) -> Result<usize, ScanError> {
     container_end_with::<Avx2>(b, at)
 }
 
-#[target_feature(enable = "avx2,popcnt")]
+#[target_feature(enable = "avx2,popcnt,pclmulqdq")]
 unsafe fn string_end_avx2_inner(b: &[u8], at: usize) -> Result<usize, ScanError> {
     string_end_with::<Avx2>(b, at)
 }

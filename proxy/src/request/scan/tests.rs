@@ -83,6 +83,15 @@ proptest! {
     }
 
     #[test]
+    fn the_carry_less_prefix_xor_is_the_shifted_one(x in any::<u64>()) {
+        #[cfg(target_arch = "x86_64")]
+        if simd::has_avx2() {
+            prop_assert_eq!(<simd::Avx2 as Classifier>::prefix_xor(x), <Plain as Classifier>::prefix_xor(x));
+        }
+        let _ = x;
+    }
+
+    #[test]
     fn no_input_panics(text in "[ {}\\[\\]\":,a-z0-9\\\\]{0,200}") {
         let _ = object_fields(&text);
         let _ = array_elements(&text);
