@@ -57,7 +57,9 @@ fn stream(events: usize) -> axum::response::Response {
 
 /// `max_tokens` of a `"stream":true` request, which the answer streams as that many chunks.
 fn streamed_events(body: &[u8]) -> Option<usize> {
-    const STREAM: &[u8] = b"\"stream\":true";
+    // Only small bodies are read (the 60 KB one never streams); a router may re-serialize the
+    // JSON (`"stream": true`), so it is parsed, not matched.
+    const STREAM: &[u8] = b"\"stream\"";
     if body.len() > 4096 || !body.windows(STREAM.len()).any(|w| w == STREAM) {
         return None;
     }
