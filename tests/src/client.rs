@@ -54,6 +54,19 @@ pub fn get(addr: SocketAddr, path: &str) -> Resp {
     request(addr, "GET", path, &[], b"")
 }
 
+/// A GET that gives `None` where [`get`] would panic: no connection, or one closed without an
+/// answer — what a process still starting gives (warmpath binds its ports once to check them
+/// before it serves, and a connection that lands then is reset).
+pub fn try_get(addr: SocketAddr, path: &str) -> Option<Resp> {
+    let mut s = TcpStream::connect(addr).ok()?;
+    s.set_read_timeout(Some(Duration::from_secs(60))).ok()?;
+    s.write_all(format!("GET {path} HTTP/1.1\r\nhost: {addr}\r\nconnection: close\r\n\r\n").as_bytes())
+        .ok()?;
+    let mut raw = Vec::new();
+    let _ = s.read_to_end(&mut raw);
+    raw.windows(4).any(|w| w == b"\r\n\r\n").then(|| parse_response(&raw))
+}
+
 pub fn post_json(addr: SocketAddr, path: &str, body: &serde_json::Value) -> Resp {
     request(addr, "POST", path, &[("content-type", "application/json")], body.to_string().as_bytes())
 }

@@ -9,7 +9,7 @@ use std::process::{Child, Command, Stdio};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
-use crate::client::{eventually, get};
+use crate::client::{get, try_get};
 
 /// A binary of this workspace next to the running test's target directory (`target/debug/`
 /// or `target/release/`), built once if missing: `cargo test` builds a package's own binaries
@@ -183,23 +183,35 @@ impl Proxy {
         Proxy::start_args(policy, ready, &[])
     }
 
-    /// With extra command-line arguments (`--watch`).
+    /// With extra command-line arguments (`--watch`). Ports are picked free and released
+    /// before warmpath binds them, so a process started meanwhile (an engine binding port 0)
+    /// may take one: warmpath then exits saying it cannot bind, and is started again on others.
     pub fn start_args(policy: &str, ready: bool, args: &[&str]) -> Proxy {
-        let dir = TempDir::new();
-        let file = dir.path().join("policy.toml");
-        std::fs::write(&file, policy).expect("write policy");
-        let [port, admin_port] = free_ports();
-        let addr: SocketAddr = format!("127.0.0.1:{port}").parse().expect("addr");
-        let admin: SocketAddr = format!("127.0.0.1:{admin_port}").parse().expect("addr");
-        let proxy = Proxy::spawn(file, addr, admin, args, dir);
         let path = if ready { "/readyz" } else { "/healthz" };
-        let up = eventually(Duration::from_secs(30), || {
-            TcpStream::connect(admin).is_ok()
-                && get(admin, path).status == 200
-                && TcpStream::connect(addr).is_ok()
-        });
-        assert!(up, "warmpath did not become ready:\n{}", proxy.log.text());
-        proxy
+        for _ in 0..3 {
+            let dir = TempDir::new();
+            let file = dir.path().join("policy.toml");
+            std::fs::write(&file, policy).expect("write policy");
+            let [port, admin_port] = free_ports();
+            let addr: SocketAddr = format!("127.0.0.1:{port}").parse().expect("addr");
+            let admin: SocketAddr = format!("127.0.0.1:{admin_port}").parse().expect("addr");
+            let mut proxy = Proxy::spawn(file, addr, admin, args, dir);
+            let deadline = Instant::now() + Duration::from_secs(30);
+            while Instant::now() < deadline {
+                if try_get(admin, path).is_some_and(|r| r.status == 200) && TcpStream::connect(addr).is_ok() {
+                    return proxy;
+                }
+                if proxy.child.try_wait().ok().flatten().is_some() {
+                    break;
+                }
+                std::thread::sleep(Duration::from_millis(25));
+            }
+            // (The log is drained by threads: give them the exit's last lines.)
+            std::thread::sleep(Duration::from_millis(100));
+            let log = proxy.log.text();
+            assert!(log.contains("cannot bind"), "warmpath did not become ready:\n{log}");
+        }
+        panic!("warmpath could not bind free ports three times");
     }
 
     pub fn start(policy: &str) -> Proxy {
