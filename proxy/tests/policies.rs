@@ -378,3 +378,40 @@ fn a_taken_port_is_a_clear_error() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains(&format!("cannot bind the listen address {addr}")), "{err}");
 }
+
+/// Two of the peers' tracker lessons: a backend's load is counted on the path that reads
+/// nothing of the prompt too (`round_robin`, canonicalization off), and a health check does not
+/// reset it (a reset makes the busiest replica look the idlest: a hot spot). The third, ties on
+/// a miss always broken toward the same replica, is `cache_aware_follows_the_cache_and_spreads_
+/// new_prefixes`' sequential spread.
+#[test]
+fn in_flight_load_is_counted_on_the_passthrough_path_and_survives_health_checks() {
+    let e = Engine::sim("m", &["--sim-itl-ms", "100", "--sim-jitter", "0"]);
+    let proxy = Proxy::start(&policy(
+        "[health]\ninterval_ms = 50\n",
+        "policy = \"round_robin\"",
+        &["m"],
+        &[("e0", e.url())],
+    ));
+    let streams: Vec<_> = (0..3)
+        .map(|_| {
+            let addr = proxy.addr;
+            std::thread::spawn(move || {
+                let mut b = chat("m", "tell me a story", 50);
+                b["stream"] = json!(true);
+                post_json(addr, "/v1/chat/completions", &b).status
+            })
+        })
+        .collect();
+    let gauge = || metric(&proxy.metrics(), "warmpath_backend_inflight{backend=\"e0\",pool=\"main\"}");
+    assert!(eventually(Duration::from_secs(5), || gauge() == Some(3.0)), "{}", proxy.metrics());
+    // Many probes later (50 ms apart), the three streams still count.
+    std::thread::sleep(Duration::from_millis(1000));
+    let m = proxy.metrics();
+    assert!(metric_sum(&m, "warmpath_health_checks_total{") >= 10.0, "{m}");
+    assert_eq!(gauge(), Some(3.0), "{m}");
+    for s in streams {
+        assert_eq!(s.join().expect("stream"), 200);
+    }
+    assert!(eventually(Duration::from_secs(5), || gauge() == Some(0.0)));
+}
