@@ -36,8 +36,13 @@ use std::path::PathBuf;
 
 use serde::Deserialize;
 
-/// Most backends one `cache_aware` pool tracks (its prefix index keeps a bit per backend).
-pub const MAX_BACKENDS_PER_POOL: usize = 256;
+/// Most backends one `cache_aware` pool tracks (its prefix index names a backend in 16 bits and
+/// samples a fleet this size in microseconds; see `route::index`).
+pub const MAX_BACKENDS_PER_POOL: usize = 4096;
+
+/// Longest `[pools.cache_aware] ttl_s`: the prefix index keeps entries' ages modulo 2^16 s and
+/// needs them below that, which a TTL of at most half of it ensures (see `route::index`).
+pub const MAX_INDEX_TTL_S: u64 = 32_000;
 
 /// A whole policy file.
 #[derive(Debug, Clone, Deserialize)]

@@ -6,6 +6,7 @@ use std::fmt;
 
 use super::{
     Config, IndexMode, KeysStore, LimitsStore, PolicyKind, StoreKind, TokenizerKind, MAX_BACKENDS_PER_POOL,
+    MAX_INDEX_TTL_S,
 };
 
 /// One step of a key path: a table key or an array index.
@@ -282,6 +283,12 @@ pub fn validate(cfg: &Config) -> Result<(), Invalid> {
             return Err(ca.key("work_window_s").err(format!("{w} must be positive and finite")));
         }
         positive(ca.key("capacity_blocks"), pool.cache_aware.capacity_blocks as u64)?;
+        if pool.cache_aware.ttl_s > MAX_INDEX_TTL_S {
+            return Err(ca.key("ttl_s").err(format!(
+                "{} is past the longest TTL the index keeps, {MAX_INDEX_TTL_S}",
+                pool.cache_aware.ttl_s
+            )));
+        }
         positive(ca.key("spread_blocks"), pool.cache_aware.spread_blocks as u64)?;
         if pool.policy == PolicyKind::CacheAware && pool.cache_aware.mode == IndexMode::Precise {
             // Events name blocks by their token ids: requests must be cut into the same tokens,

@@ -19,7 +19,7 @@ use std::time::{Duration, Instant};
 
 pub use backend::{Backend, Ejection, InflightGuard, PrefillTicket};
 pub use budget::RetryBudget;
-pub use policy::{Candidate, Decision, Policy, RouteKey, State};
+pub use policy::{Candidate, Candidates, Decision, Policy, RouteKey, State};
 use queue::{Queue, QueueMetrics};
 
 use crate::config::{BackendConfig, BackendUrl, CacheAwareConfig, Config, PolicyKind, PoolConfig};
@@ -166,38 +166,25 @@ impl Pool {
         }
     }
 
+    /// The pool as a policy reads it for one decision, `tried` excluded.
+    pub fn view<'a>(&'a self, tried: &'a [usize]) -> View<'a> {
+        View { pool: self, tried, now: Instant::now(), full: Vec::new(), ejected_serve: false }
+    }
+
     /// Picks a backend not in `tried` and reserves a slot on it.
     pub fn select(&self, key: &RouteKey, tried: &[usize], metrics: &Metrics) -> Result<Selected, NoBackend> {
-        let now = Instant::now();
-        let mut candidates: Vec<Candidate> = self
-            .backends
-            .iter()
-            .enumerate()
-            .map(|(i, b)| {
-                let inflight = b.inflight();
-                let state = if tried.contains(&i) {
-                    State::Tried
-                } else if !b.is_up(now) {
-                    State::Down
-                } else if inflight >= self.max_inflight {
-                    State::Full
-                } else {
-                    State::Up
-                };
-                Candidate {
-                    weight: b.weight,
-                    inflight,
-                    state,
-                    pending_tokens: b.pending_tokens(),
-                    reported: b.reported_requests(),
+        let mut view = self.view(tried);
+        // A slot can be taken between the policy's read and the reservation; then mark it full
+        // and ask again, at most once per backend.
+        for _ in 0..=self.backends.len() {
+            let Some(d) = self.policy.select(key, &view) else {
+                if !view.ejected_serve && self.all_ejected(&view) {
+                    view.ejected_serve = true;
+                    metrics.ejection_overrides.with_label_values(&[&self.name]).inc();
+                    continue;
                 }
-            })
-            .collect();
-        self.unless_all_ejected(&mut candidates, metrics);
-        // A slot can be taken between the snapshot and the reservation; then mark it full and
-        // ask again, at most once per backend.
-        for _ in 0..self.backends.len() {
-            let Some(d) = self.policy.select(key, &candidates) else { break };
+                break;
+            };
             if let Some(mut guard) =
                 self.backends[d.index].try_acquire(self.max_inflight, &metrics.inflight_total)
             {
@@ -210,35 +197,69 @@ impl Pool {
                 let prefill = self.backends[d.index].prefill(d.prefill_tokens, key.tokens as u64);
                 return Ok(Selected { index: d.index, reason: d.reason, detail: d.detail, guard, prefill });
             }
-            candidates[d.index].state = State::Full;
+            view.full.push(d.index);
         }
-        if candidates.iter().any(|c| c.state == State::Full) {
+        if (0..view.len()).any(|i| view.get(i).state == State::Full) {
             Err(NoBackend::Saturated)
         } else {
             Err(NoBackend::Unavailable)
         }
     }
-}
 
-impl Pool {
     /// Passive ejection never empties a pool: when no backend is left to take a request and
     /// some of those out are only ejected (their probes still pass), those take traffic again
     /// (Envoy's panic routing). A backend that answers its probes but failed a few requests is
     /// a better bet than a 503 for every request — with three replicas each failing a few
     /// percent, ejection alone took the whole pool out in the soak.
-    fn unless_all_ejected(&self, candidates: &mut [Candidate], metrics: &Metrics) {
-        if candidates.iter().any(|c| matches!(c.state, State::Up | State::Full)) {
-            return;
-        }
-        let mut overridden = false;
-        for (c, b) in candidates.iter_mut().zip(self.backends.iter()) {
-            if c.state == State::Down && b.probed_up() {
-                c.state = if c.inflight >= self.max_inflight { State::Full } else { State::Up };
-                overridden = true;
+    fn all_ejected(&self, view: &View<'_>) -> bool {
+        let mut ejected = false;
+        for i in 0..view.len() {
+            match view.get(i).state {
+                State::Up | State::Full => return false,
+                State::Down => ejected |= self.backends[i].probed_up(),
+                State::Tried => {}
             }
         }
-        if overridden {
-            metrics.ejection_overrides.with_label_values(&[&self.name]).inc();
+        ejected
+    }
+}
+
+/// The pool as one decision reads it: each backend's health and load when the policy asks for
+/// it, so a policy that samples a large pool reads only its sample.
+#[derive(Debug)]
+pub struct View<'a> {
+    pool: &'a Pool,
+    tried: &'a [usize],
+    now: Instant,
+    /// Picked but found full when reserving.
+    full: Vec<usize>,
+    /// Every backend is out and some only ejected: those serve (see [`Pool::all_ejected`]).
+    ejected_serve: bool,
+}
+
+impl policy::Candidates for View<'_> {
+    fn len(&self) -> usize {
+        self.pool.backends.len()
+    }
+
+    fn get(&self, i: usize) -> Candidate {
+        let b = &self.pool.backends[i];
+        let inflight = b.inflight();
+        let state = if self.tried.contains(&i) {
+            State::Tried
+        } else if !(b.is_up(self.now) || self.ejected_serve && b.probed_up()) {
+            State::Down
+        } else if inflight >= self.pool.max_inflight || self.full.contains(&i) {
+            State::Full
+        } else {
+            State::Up
+        };
+        Candidate {
+            weight: b.weight,
+            inflight,
+            state,
+            pending_tokens: b.pending_tokens(),
+            reported: b.reported_requests(),
         }
     }
 }

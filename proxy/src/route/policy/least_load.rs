@@ -3,7 +3,7 @@
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 
-use super::{Candidate, Decision, Policy, RouteKey};
+use super::{read_all, Candidate, Candidates, Decision, Policy, RouteKey};
 
 #[derive(Debug, Default)]
 pub struct LeastLoad {
@@ -44,7 +44,8 @@ impl Policy for LeastLoad {
         "least_load"
     }
 
-    fn select(&self, _key: &RouteKey, candidates: &[Candidate]) -> Option<Decision> {
+    fn select(&self, _key: &RouteKey, view: &dyn Candidates) -> Option<Decision> {
+        let candidates = &read_all(view)[..];
         self.pick(candidates).map(|index| Decision::new(index, "least_load"))
     }
 }
@@ -64,7 +65,7 @@ mod tests {
         c[2].inflight = 7;
         assert_eq!(spread(&p, &c, 5, |_| RouteKey::default()), vec![0, 5, 0]);
         c[1].state = State::Down;
-        assert_eq!(p.select(&RouteKey::default(), &c).map(|d| d.index), Some(0));
+        assert_eq!(p.select_from(&RouteKey::default(), &c).map(|d| d.index), Some(0));
     }
 
     #[test]
@@ -74,7 +75,7 @@ mod tests {
         c[0].weight = 4;
         c[0].inflight = 6; // 7/4 < 2/1
         c[1].inflight = 1;
-        assert_eq!(p.select(&RouteKey::default(), &c).map(|d| d.index), Some(0));
+        assert_eq!(p.select_from(&RouteKey::default(), &c).map(|d| d.index), Some(0));
     }
 
     #[test]

@@ -8,7 +8,7 @@ mod prefix_hash;
 mod round_robin;
 mod session;
 
-pub use cache_aware::CacheAware;
+pub use cache_aware::{CacheAware, RANDOM, SAMPLE};
 pub use least_load::LeastLoad;
 pub use prefix_hash::PrefixHash;
 pub use round_robin::RoundRobin;
@@ -44,6 +44,35 @@ pub struct Candidate {
 impl Candidate {
     pub fn is_up(&self) -> bool {
         self.state == State::Up
+    }
+}
+
+/// The pool as a policy sees it, read one backend at a time: a policy that samples a large
+/// fleet reads only the backends it samples ([`super::Pool`] reads each one's health and load
+/// when asked, not before).
+pub trait Candidates {
+    fn len(&self) -> usize;
+    fn get(&self, i: usize) -> Candidate;
+    fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+/// Every candidate, read (for the policies that weigh them all).
+pub fn read_all(c: &dyn Candidates) -> Vec<Candidate> {
+    (0..c.len()).map(|i| c.get(i)).collect()
+}
+
+/// Candidates already read into a list.
+#[derive(Debug, Clone, Copy)]
+pub struct Listed<'a>(pub &'a [Candidate]);
+
+impl Candidates for Listed<'_> {
+    fn len(&self) -> usize {
+        self.0.len()
+    }
+    fn get(&self, i: usize) -> Candidate {
+        self.0[i]
     }
 }
 
@@ -90,7 +119,12 @@ pub trait Policy: Send + Sync + std::fmt::Debug {
     fn name(&self) -> &'static str;
 
     /// Picks one of the candidates whose state is [`State::Up`], or `None` when there is none.
-    fn select(&self, key: &RouteKey, candidates: &[Candidate]) -> Option<Decision>;
+    fn select(&self, key: &RouteKey, candidates: &dyn Candidates) -> Option<Decision>;
+
+    /// [`Policy::select`] over a list.
+    fn select_from(&self, key: &RouteKey, candidates: &[Candidate]) -> Option<Decision> {
+        self.select(key, &Listed(candidates))
+    }
 
     /// Whether the policy reads [`RouteKey::prefix`] (so callers skip hashing otherwise).
     fn wants_prefix(&self) -> bool {
@@ -133,7 +167,7 @@ pub(crate) mod testing {
     ) -> Vec<usize> {
         let mut counts = vec![0; c.len()];
         for i in 0..rounds {
-            counts[p.select(&key(i), c).expect("a backend").index] += 1;
+            counts[p.select_from(&key(i), c).expect("a backend").index] += 1;
         }
         counts
     }

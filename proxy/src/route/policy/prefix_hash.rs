@@ -6,7 +6,7 @@
 
 use xxhash_rust::xxh3::xxh3_64;
 
-use super::{Candidate, Decision, LeastLoad, Policy, RouteKey};
+use super::{read_all, Candidates, Decision, LeastLoad, Policy, RouteKey};
 
 #[derive(Debug)]
 pub struct PrefixHash {
@@ -40,7 +40,8 @@ impl Policy for PrefixHash {
         true
     }
 
-    fn select(&self, key: &RouteKey, candidates: &[Candidate]) -> Option<Decision> {
+    fn select(&self, key: &RouteKey, view: &dyn Candidates) -> Option<Decision> {
+        let candidates = &read_all(view)[..];
         let Some(hash) = key.prefix else {
             return self.fallback.pick(candidates).map(|index| Decision::new(index, "no_key"));
         };
@@ -101,10 +102,10 @@ mod tests {
     fn same_key_same_backend_and_keys_spread() {
         let p = policy(4, 1.25);
         let c = up(4);
-        let first = p.select(&key(7), &c).expect("pick");
+        let first = p.select_from(&key(7), &c).expect("pick");
         assert_eq!(first.reason, "hash");
         for _ in 0..10 {
-            assert_eq!(p.select(&key(7), &c), Some(first.clone()));
+            assert_eq!(p.select_from(&key(7), &c), Some(first.clone()));
         }
         let counts = spread(&p, &c, 4000, |i| key(i as u64));
         assert!(counts.iter().all(|&n| (700..1300).contains(&n)), "{counts:?}");
@@ -114,17 +115,17 @@ mod tests {
     fn bounded_load_moves_keys_off_a_hot_backend() {
         let p = policy(4, 1.25);
         let mut c = up(4);
-        let home = p.select(&key(1), &c).expect("pick").index;
+        let home = p.select_from(&key(1), &c).expect("pick").index;
         c[home].inflight = 10; // mean (10+1)/4 → bound ceil(1.25 × 11/4) = 4
-        let d = p.select(&key(1), &c).expect("pick");
+        let d = p.select_from(&key(1), &c).expect("pick");
         assert_ne!(d.index, home);
         assert_eq!(d.reason, "hash_overflow");
         c[home].inflight = 0;
         c[home].state = State::Down;
-        let d = p.select(&key(1), &c).expect("pick");
+        let d = p.select_from(&key(1), &c).expect("pick");
         assert_eq!(d.reason, "hash_next_down");
         // The key's second choice is stable: the ring order, not the load, decides it.
-        assert_eq!(p.select(&key(1), &c), Some(d));
+        assert_eq!(p.select_from(&key(1), &c), Some(d));
     }
 
     #[test]
@@ -132,7 +133,9 @@ mod tests {
         let (p4, p5) = (policy(4, 10.0), policy(5, 10.0));
         let (c4, c5) = (up(4), up(5));
         let moved = (0..2000u64)
-            .filter(|&k| p4.select(&key(k), &c4).map(|d| d.index) != p5.select(&key(k), &c5).map(|d| d.index))
+            .filter(|&k| {
+                p4.select_from(&key(k), &c4).map(|d| d.index) != p5.select_from(&key(k), &c5).map(|d| d.index)
+            })
             .count();
         assert!(moved < 2000 * 2 / 5, "{moved} of 2000 keys moved (ideal 400)");
     }
@@ -143,6 +146,6 @@ mod tests {
         let mut c = up(3);
         c[0].inflight = 3;
         c[2].inflight = 3;
-        assert_eq!(p.select(&RouteKey::default(), &c), Some(Decision::new(1, "no_key")));
+        assert_eq!(p.select_from(&RouteKey::default(), &c), Some(Decision::new(1, "no_key")));
     }
 }

@@ -3,7 +3,7 @@
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 
-use super::{Candidate, Decision, Policy, RouteKey, State};
+use super::{read_all, Candidate, Candidates, Decision, Policy, RouteKey, State};
 
 #[derive(Debug)]
 pub struct RoundRobin {
@@ -40,7 +40,8 @@ impl Policy for RoundRobin {
         "round_robin"
     }
 
-    fn select(&self, _key: &RouteKey, candidates: &[Candidate]) -> Option<Decision> {
+    fn select(&self, _key: &RouteKey, view: &dyn Candidates) -> Option<Decision> {
+        let candidates = &read_all(view)[..];
         let n = self.schedule.len();
         // A retry does not take a turn: with two backends and one failing, turns that advanced
         // on retries would send every first attempt to the failing one.
@@ -80,19 +81,19 @@ mod tests {
         c[2].state = State::Full;
         assert_eq!(spread(&p, &c, 10, |_| RouteKey::default()), vec![10, 0, 0]);
         c[0].state = State::Tried;
-        assert!(p.select(&RouteKey::default(), &c).is_none());
+        assert!(p.select_from(&RouteKey::default(), &c).is_none());
     }
 
     #[test]
     fn a_retry_does_not_take_a_turn() {
         let p = RoundRobin::new(&[1, 1]);
         let c = up(2);
-        let first = p.select(&RouteKey::default(), &c).expect("pick").index;
+        let first = p.select_from(&RouteKey::default(), &c).expect("pick").index;
         let mut retry = c.clone();
         retry[first].state = State::Tried;
-        assert_eq!(p.select(&RouteKey::default(), &retry).map(|d| d.index), Some(1 - first));
+        assert_eq!(p.select_from(&RouteKey::default(), &retry).map(|d| d.index), Some(1 - first));
         assert_eq!(
-            p.select(&RouteKey::default(), &c).map(|d| d.index),
+            p.select_from(&RouteKey::default(), &c).map(|d| d.index),
             Some(1 - first),
             "the next turn is unchanged"
         );

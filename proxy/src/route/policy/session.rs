@@ -6,7 +6,7 @@
 
 use xxhash_rust::xxh3::xxh3_64_with_seed;
 
-use super::{Candidate, Decision, LeastLoad, Policy, RouteKey, State};
+use super::{read_all, Candidate, Candidates, Decision, LeastLoad, Policy, RouteKey, State};
 
 #[derive(Debug)]
 pub struct Session {
@@ -39,7 +39,8 @@ impl Policy for Session {
         true
     }
 
-    fn select(&self, key: &RouteKey, candidates: &[Candidate]) -> Option<Decision> {
+    fn select(&self, key: &RouteKey, view: &dyn Candidates) -> Option<Decision> {
+        let candidates = &read_all(view)[..];
         let Some(session) = key.session.as_deref() else {
             return self.fallback.pick(candidates).map(|index| Decision::new(index, "no_key"));
         };
@@ -92,9 +93,9 @@ mod tests {
     fn a_session_sticks_and_sessions_spread() {
         let p = policy(4);
         let c = up(4);
-        let home = p.select(&key("conv-1"), &c).expect("pick");
+        let home = p.select_from(&key("conv-1"), &c).expect("pick");
         assert_eq!(home.reason, "sticky");
-        assert!((0..20).all(|_| p.select(&key("conv-1"), &c) == Some(home.clone())));
+        assert!((0..20).all(|_| p.select_from(&key("conv-1"), &c) == Some(home.clone())));
         let counts = spread(&p, &c, 4000, |i| key(&format!("conv-{i}")));
         assert!(counts.iter().all(|&n| (800..1200).contains(&n)), "{counts:?}");
     }
@@ -103,17 +104,17 @@ mod tests {
     fn moves_when_down_or_overloaded_and_comes_back() {
         let p = policy(3);
         let mut c = up(3);
-        let home = p.select(&key("s"), &c).expect("pick").index;
+        let home = p.select_from(&key("s"), &c).expect("pick").index;
         c[home].state = State::Down;
-        let moved = p.select(&key("s"), &c).expect("pick");
+        let moved = p.select_from(&key("s"), &c).expect("pick");
         assert_ne!(moved.index, home);
         assert_eq!(moved.reason, "sticky_moved_down");
         c[home].state = State::Up;
         c[home].inflight = 9; // mean 3, limit 2×3+1 = 7
-        let d = p.select(&key("s"), &c).expect("pick");
+        let d = p.select_from(&key("s"), &c).expect("pick");
         assert_eq!((d.index, d.reason), (moved.index, "sticky_moved_overloaded"), "same second choice");
         c[home].inflight = 0;
-        assert_eq!(p.select(&key("s"), &c).map(|d| d.index), Some(home));
+        assert_eq!(p.select_from(&key("s"), &c).map(|d| d.index), Some(home));
     }
 
     #[test]
@@ -121,6 +122,6 @@ mod tests {
         let p = policy(2);
         let mut c = up(2);
         c[0].inflight = 4;
-        assert_eq!(p.select(&RouteKey::default(), &c), Some(Decision::new(1, "no_key")));
+        assert_eq!(p.select_from(&RouteKey::default(), &c), Some(Decision::new(1, "no_key")));
     }
 }

@@ -5,14 +5,40 @@
 use xxhash_rust::xxh3::xxh3_64_with_seed;
 
 use super::CacheAware;
-use crate::route::policy::{Candidate, RouteKey};
+use std::sync::atomic::Ordering;
+
+use crate::route::policy::{Candidate, Candidates, RouteKey};
+
+/// Backends measured per decision in a pool larger than this: the conversation's home, the
+/// holders of the prompt's longest held prefix, [`RANDOM`] others, and the holders of its first
+/// block (see [`crate::route::index::PrefixIndex::sampled_depths`]); a pool this size or
+/// smaller is measured whole. The cost model is exact for every backend measured.
+pub const SAMPLE: usize = 128;
+
+/// Backends drawn at random into a sample: a prompt nobody holds goes to the cheapest of them
+/// (the power of d choices), and their mean load stands for the pool's.
+pub const RANDOM: usize = 16;
 
 /// One backend's numbers for one decision.
 #[derive(Debug, Clone, Copy)]
 pub(super) struct Estimate {
     pub index: usize,
     pub cached: u64,
+    pub inflight: usize,
     pub cost: f64,
+}
+
+/// What one decision weighs.
+#[derive(Debug)]
+pub(super) struct Estimates {
+    /// The backends measured that are up.
+    pub est: Vec<Estimate>,
+    /// The last block of the longest prefix any of them holds.
+    pub held_block: Option<u64>,
+    /// How many requests lately shared that prefix.
+    pub shared: f64,
+    /// The pool's mean in-flight count (over the random draw where the pool was sampled).
+    pub mean_inflight: f64,
 }
 
 impl CacheAware {
@@ -23,16 +49,44 @@ impl CacheAware {
         })
     }
 
-    /// The backends' estimates, the last block of the longest prefix any of them holds, and
-    /// how many requests lately shared that prefix.
+    /// The estimates of the backends measured for this prompt (every backend of a pool up to
+    /// [`SAMPLE`], a sample of a larger one: see [`Estimates`]).
     pub(super) fn estimates(
         &self,
         key: &RouteKey,
-        candidates: &[Candidate],
-    ) -> (Vec<Estimate>, Option<u64>, f64) {
-        let depths = if key.blocks.is_empty() { Vec::new() } else { self.index.depths(&key.blocks) };
-        let up = |i: usize| candidates.get(i).is_some_and(Candidate::is_up);
-        let deepest = depths.iter().enumerate().filter(|&(i, _)| up(i)).map(|(_, &d)| d).max().unwrap_or(0);
+        candidates: &dyn Candidates,
+        home: Option<usize>,
+    ) -> Estimates {
+        let n = candidates.len();
+        let sampled = n > SAMPLE;
+        let random = if sampled { self.draw(key, n) } else { Vec::new() };
+        let measured: Vec<(usize, u32)> = if sampled {
+            let pinned: Vec<usize> = home.into_iter().collect();
+            self.index.sampled_depths(&key.blocks, &pinned, &random, SAMPLE)
+        } else {
+            self.index.depths(&key.blocks).into_iter().enumerate().collect()
+        };
+        let read: Vec<(usize, Candidate, u32)> = measured
+            .into_iter()
+            .map(|(i, d)| (i, candidates.get(i), d))
+            .filter(|(_, c, _)| c.is_up())
+            .collect();
+        if read.is_empty() && sampled {
+            // Nobody sampled is up: look for those who are, once.
+            let up: Vec<usize> = (0..n).filter(|&i| candidates.get(i).is_up()).take(SAMPLE).collect();
+            if !up.is_empty() {
+                let measured = self.index.sampled_depths(&key.blocks, &up, &[], SAMPLE);
+                let read = measured.into_iter().map(|(i, d)| (i, candidates.get(i), d)).collect();
+                return self.estimate(key, read, &[]);
+            }
+        }
+        self.estimate(key, read, &random)
+    }
+
+    /// The cost model over the backends read; `random` are those drawn at random (the ones
+    /// whose mean load stands for the pool's), empty when the pool was read whole.
+    fn estimate(&self, key: &RouteKey, read: Vec<(usize, Candidate, u32)>, random: &[usize]) -> Estimates {
+        let deepest = read.iter().map(|&(_, _, d)| d).max().unwrap_or(0);
         let held_block = (deepest > 0).then(|| key.blocks[deepest as usize - 1]);
         let shared = held_block.map_or(0.0, |b| self.shared_by(b, self.now_us()));
         let tokens = key.tokens as u64;
@@ -40,19 +94,37 @@ impl CacheAware {
         let held_share = (u64::from(deepest) * per_block).min(tokens) as f64 / tokens.max(1) as f64;
         let miss_weight = 1.0 + (self.miss_weight - 1.0) * held_share / shared.max(1.0);
         let decode_cost = self.decode_cost as f64 * self.units_per_token();
-        let est = candidates
-            .iter()
-            .enumerate()
-            .filter(|(_, c)| c.is_up())
-            .map(|(i, c)| {
-                let cached = (u64::from(depths.get(i).copied().unwrap_or(0)) * per_block).min(tokens);
+        let drawn: Vec<f64> =
+            read.iter().filter(|(i, ..)| random.contains(i)).map(|(_, c, _)| c.inflight as f64).collect();
+        let all: Vec<f64> = read.iter().map(|(_, c, _)| c.inflight as f64).collect();
+        let over = if drawn.is_empty() { &all } else { &drawn };
+        let mean_inflight = over.iter().sum::<f64>() / over.len().max(1) as f64;
+        let est = read
+            .into_iter()
+            .map(|(i, c, depth)| {
+                let cached = (u64::from(depth) * per_block).min(tokens);
                 let running = (c.inflight as u64).max(u64::from(c.reported));
                 let queued = c.pending_tokens as f64 + decode_cost * running as f64;
                 let work = miss_weight * (tokens - cached) as f64 + queued;
-                Estimate { index: i, cached, cost: work / f64::from(c.weight.max(1)) }
+                Estimate { index: i, cached, inflight: c.inflight, cost: work / f64::from(c.weight.max(1)) }
             })
             .collect();
-        (est, held_block, shared)
+        Estimates { est, held_block, shared, mean_inflight }
+    }
+
+    /// [`RANDOM`] backends drawn for this prompt (a rotating draw, so that prompts nobody holds
+    /// spread over the whole pool).
+    fn draw(&self, key: &RouteKey, n: usize) -> Vec<usize> {
+        let seed = key.blocks.last().copied().or(key.prefix).unwrap_or(0);
+        let mut x = seed ^ self.draws.fetch_add(1, Ordering::Relaxed).wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
+        (0..RANDOM)
+            .map(|_| {
+                x ^= x << 13;
+                x ^= x >> 7;
+                x ^= x << 17;
+                (x % n as u64) as usize
+            })
+            .collect()
     }
 
     /// Rendezvous weight of backend `i` for this prompt.

@@ -49,10 +49,11 @@ use std::time::{Duration, Instant};
 
 use moka::sync::Cache;
 
-use super::{Candidate, Decision, Policy, RouteKey};
+use super::{Candidates, Decision, Policy, RouteKey};
 use crate::config::CacheAwareConfig;
 use crate::route::index::PrefixIndex;
-use estimate::Estimate;
+use estimate::{Estimate, Estimates};
+pub use estimate::{RANDOM, SAMPLE};
 use recent::{RecentWork, SharedCounts, SHARED_SLOTS};
 
 #[derive(Debug)]
@@ -81,6 +82,8 @@ pub struct CacheAware {
     spread_blocks: usize,
     overload_factor: f64,
     balance_factor: f64,
+    /// Rotates the random part of each sample.
+    draws: AtomicU64,
 }
 
 impl CacheAware {
@@ -105,6 +108,7 @@ impl CacheAware {
             spread_blocks: cfg.spread_blocks.max(1),
             overload_factor: cfg.overload_factor,
             balance_factor: cfg.balance_factor,
+            draws: AtomicU64::new(0),
         }
     }
 
@@ -159,14 +163,14 @@ impl Policy for CacheAware {
         true
     }
 
-    fn select(&self, key: &RouteKey, candidates: &[Candidate]) -> Option<Decision> {
-        let (est, held_block, shared) = self.estimates(key, candidates);
+    fn select(&self, key: &RouteKey, candidates: &dyn Candidates) -> Option<Decision> {
+        let home = key.session.as_ref().and_then(|s| self.sticky.get(s));
+        let Estimates { est, held_block, shared, mean_inflight: mean } =
+            self.estimates(key, candidates, home);
         if est.is_empty() {
             return None;
         }
-        // Mean in-flight count of the backends that are up (the estimates' backends).
-        let mean = est.iter().map(|e| candidates[e.index].inflight as f64).sum::<f64>() / est.len() as f64;
-        let inflight = |i: usize| candidates[i].inflight as f64;
+        let inflight = |e: &Estimate| e.inflight as f64;
         let most_cached = est.iter().map(|e| e.cached).max().unwrap_or(0);
         let detail = |e: &Estimate| {
             format!(
@@ -184,9 +188,9 @@ impl Policy for CacheAware {
 
         let mut moved = false;
         let mut est = est;
-        if let Some(home) = key.session.as_ref().and_then(|s| self.sticky.get(s)) {
+        if let Some(home) = home {
             match est.iter().find(|e| e.index == home) {
-                Some(e) if inflight(home) <= self.overload_factor * mean + 1.0 => {
+                Some(e) if inflight(e) <= self.overload_factor * mean + 1.0 => {
                     return Some(decision(e, "affinity"))
                 }
                 // Overloaded or down: the conversation leaves it, even where it holds the most.
@@ -203,7 +207,7 @@ impl Policy for CacheAware {
         // (plus one) takes no more while another is below it, whatever it holds — what keeps a
         // hot shared prefix from piling onto its first holder faster than its queue grows.
         let bound = self.balance_factor * mean + 1.0;
-        let within: Vec<Estimate> = est.iter().copied().filter(|e| inflight(e.index) <= bound).collect();
+        let within: Vec<Estimate> = est.iter().copied().filter(|e| inflight(e) <= bound).collect();
         let est = if within.is_empty() { est } else { within };
         let best = est.iter().map(|e| e.cost).fold(f64::INFINITY, f64::min);
         let held = (most_cached / key.per_block.max(1) as u64) as usize;
@@ -211,18 +215,17 @@ impl Policy for CacheAware {
         let tie = self.tie_tokens as f64 * self.units_per_token();
         // Recent work compared in steps of the tie: closer than that is the same.
         let step = tie.max(1.0);
-        let recent = {
-            let mut r = self.recent();
-            r.decay(Instant::now());
-            r.work.clone()
+        let tied: Vec<(Estimate, u64)> = {
+            let r = self.recent();
+            let now = Instant::now();
+            est.iter()
+                .filter(|e| e.cost <= best + tie)
+                .map(|e| (*e, (r.get(e.index, now) / step) as u64))
+                .collect()
         };
-        let chosen = est
+        let (chosen, _) = tied
             .iter()
-            .filter(|e| e.cost <= best + tie)
-            .max_by_key(|e| {
-                let lately = (recent[e.index] / step) as u64;
-                (e.cached, std::cmp::Reverse(lately), self.rank(spread, e.index))
-            })
+            .max_by_key(|(e, lately)| (e.cached, std::cmp::Reverse(*lately), self.rank(spread, e.index)))
             .expect("the best is within the tie");
         let reason = match (moved, most_cached, chosen.cached) {
             (true, ..) => "affinity_moved",
@@ -245,9 +248,7 @@ impl Policy for CacheAware {
             self.shared.set(b, self.shared_by(b, now) + 1.0, now);
         }
         {
-            let mut r = self.recent();
-            r.decay(Instant::now());
-            r.work[d.index] += d.prefill_tokens as f64;
+            self.recent().add(d.index, d.prefill_tokens as f64, Instant::now());
         }
         // Recorded in both modes: a backend's events for this prompt come only after its
         // prefill, and requests sharing the prefix that arrive meanwhile must already see it

@@ -5,27 +5,37 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 /// Prefill work (prompt units to compute) routed to each backend, decaying exponentially with
-/// a time constant of `window`: what the tie-break evens out.
+/// a time constant of `window`: what the tie-break evens out. Each backend's figure decays when
+/// it is read or added to, so a decision costs only the backends it weighs.
 #[derive(Debug)]
 pub(super) struct RecentWork {
-    pub work: Vec<f64>,
-    at: Instant,
+    /// Per backend: its work when last updated, and when (seconds since `epoch`).
+    work: Vec<(f64, f64)>,
+    epoch: Instant,
     window: f64,
 }
 
 impl RecentWork {
     pub fn new(n: usize, window: Duration) -> RecentWork {
-        RecentWork { work: vec![0.0; n], at: Instant::now(), window: window.as_secs_f64().max(1e-3) }
+        RecentWork {
+            work: vec![(0.0, 0.0); n],
+            epoch: Instant::now(),
+            window: window.as_secs_f64().max(1e-3),
+        }
     }
 
-    /// Brings every backend's work to `now`.
-    pub fn decay(&mut self, now: Instant) {
-        let dt = now.saturating_duration_since(self.at).as_secs_f64();
-        if dt > 0.0 {
-            let f = (-dt / self.window).exp();
-            self.work.iter_mut().for_each(|w| *w *= f);
-            self.at = now;
-        }
+    fn secs(&self, at: Instant) -> f64 {
+        at.saturating_duration_since(self.epoch).as_secs_f64()
+    }
+
+    /// Backend `i`'s work at `now`.
+    pub fn get(&self, i: usize, now: Instant) -> f64 {
+        let (w, t) = self.work[i];
+        w * (-(self.secs(now) - t).max(0.0) / self.window).exp()
+    }
+
+    pub fn add(&mut self, i: usize, units: f64, now: Instant) {
+        self.work[i] = (self.get(i, now) + units, self.secs(now));
     }
 }
 

@@ -1,7 +1,7 @@
 //! The decisions `cache_aware` makes on small fleets, each for its stated reason.
 
 use super::super::testing::up;
-use super::super::State;
+use super::super::{Candidate, Candidates, State};
 use super::*;
 
 fn policy(n: usize) -> CacheAware {
@@ -25,7 +25,7 @@ fn prompt(shared: &[u64], own: u64, own_blocks: usize) -> RouteKey {
 /// Routes like the pool does: select, then tell the policy; `pending` tracks the prefill
 /// work each backend still has (cleared by `drain`).
 fn route(p: &CacheAware, key: &RouteKey, c: &mut [Candidate]) -> Decision {
-    let d = p.select(key, c).expect("a backend");
+    let d = p.select_from(key, c).expect("a backend");
     p.routed(key, &d);
     c[d.index].pending_tokens += d.prefill_tokens;
     c[d.index].inflight += 1;
@@ -77,7 +77,7 @@ fn miss_weight_keeps_a_prompt_on_its_holder_longer() {
         // idle one (1,024), less than twice that.
         let mut c = up(2);
         c[0].pending_tokens = 1500;
-        let d = p.select(&k, &c).expect("pick");
+        let d = p.select_from(&k, &c).expect("pick");
         assert_eq!(d.index == 0, home, "miss_weight {w}: {} {}", d.reason, d.detail);
     }
 }
@@ -95,18 +95,18 @@ fn a_prefix_many_prompts_share_is_copied_sooner_than_one_conversation() {
     c[0].pending_tokens = 4096;
     // The conversation's next turn stays with its history.
     let turn = prompt(&history, 10, 2);
-    let d = p.select(&turn, &c).expect("pick");
+    let d = p.select_from(&turn, &c).expect("pick");
     assert_eq!((d.index, d.reason), (0, "cache"), "{}", d.detail);
     assert!(d.detail.ends_with("shared=0"), "{}", d.detail);
     // Twenty new conversations have just started behind the system prompt (on b0).
     let mut idle = up(2);
     for i in 0..20 {
-        let d = p.select(&prompt(&system, 100 + i, 2), &idle).expect("pick");
+        let d = p.select_from(&prompt(&system, 100 + i, 2), &idle).expect("pick");
         p.routed(&prompt(&system, 100 + i, 2), &d);
         idle[0].pending_tokens = 0;
     }
     // The next one goes where prefilling the system prompt again is quicker than the queue.
-    let d = p.select(&prompt(&system, 999, 2), &c).expect("pick");
+    let d = p.select_from(&prompt(&system, 999, 2), &c).expect("pick");
     assert_eq!((d.index, d.reason), (1, "load_uncached"), "{}", d.detail);
     assert!(d.detail.ends_with("shared=20"), "{}", d.detail);
 }
@@ -122,12 +122,12 @@ fn a_new_conversation_behind_a_short_held_prefix_starts_where_the_load_is() {
     // starts its next turns follow. Prefilling the system prompt again on the idle backend
     // beats waiting behind 1,500 tokens.
     let new = prompt(&system, 20, 96);
-    let d = p.select(&new, &c).expect("pick");
+    let d = p.select_from(&new, &c).expect("pick");
     assert_eq!((d.index, d.reason), (1, "load_uncached"), "{}", d.detail);
     // A conversation whose history is most of its prompt stays with it behind the same queue.
     let history = chain(4, 120);
     p.index.insert(0, &history);
-    let d = p.select(&prompt(&history, 21, 8), &c).expect("pick");
+    let d = p.select_from(&prompt(&history, 21, 8), &c).expect("pick");
     assert_eq!((d.index, d.reason), (0, "cache"), "{}", d.detail);
 }
 
@@ -137,11 +137,11 @@ fn new_prefixes_spread_deterministically() {
     let mut counts = [0; 4];
     for i in 0..400 {
         let c = up(4);
-        let d = p.select(&prompt(&[], 1000 + i, 8), &c).expect("pick");
+        let d = p.select_from(&prompt(&[], 1000 + i, 8), &c).expect("pick");
         assert_eq!(d.reason, "new_prefix");
         counts[d.index] += 1;
         // The same prompt, asked again before any routing, picks the same backend.
-        assert_eq!(p.select(&prompt(&[], 1000 + i, 8), &c).expect("pick").index, d.index);
+        assert_eq!(p.select_from(&prompt(&[], 1000 + i, 8), &c).expect("pick").index, d.index);
     }
     assert!(counts.iter().all(|&n| (70..130).contains(&n)), "{counts:?}");
 }
@@ -179,10 +179,10 @@ fn prompts_past_a_prefix_every_backend_holds_spread_by_what_follows_it() {
     let mut counts = [0; 4];
     for i in 0..400 {
         let k = prompt(&shared, 5000 + i, 8);
-        let d = p.select(&k, &c).expect("pick");
+        let d = p.select_from(&k, &c).expect("pick");
         assert_eq!(d.reason, "cache");
         counts[d.index] += 1;
-        assert_eq!(p.select(&k, &c).expect("pick").index, d.index, "the same prompt, the same pick");
+        assert_eq!(p.select_from(&k, &c).expect("pick").index, d.index, "the same prompt, the same pick");
     }
     assert!(counts.iter().all(|&n| (70..130).contains(&n)), "{counts:?}");
 }
@@ -236,15 +236,15 @@ fn sessions_stick_until_overloaded_or_down() {
     drain(&mut c);
     // Overloaded home: the conversation moves, and stays at its new place.
     c[home].inflight = 10;
-    let d = p.select(&other, &c).expect("pick");
+    let d = p.select_from(&other, &c).expect("pick");
     assert_ne!(d.index, home);
     assert_eq!(d.reason, "affinity_moved");
     p.routed(&other, &d);
     c[home].inflight = 0;
-    assert_eq!(p.select(&other, &c).expect("pick").index, d.index);
+    assert_eq!(p.select_from(&other, &c).expect("pick").index, d.index);
     // Down: moves too.
     c[d.index].state = State::Down;
-    let again = p.select(&other, &c).expect("pick");
+    let again = p.select_from(&other, &c).expect("pick");
     assert_ne!(again.index, d.index);
 }
 
@@ -257,7 +257,7 @@ fn routing_records_the_prompt_before_its_events_come() {
     let k = prompt(&[], 3, 10);
     let d = route(&p, &k, &mut c);
     assert_eq!(p.index().len(), 10);
-    assert_eq!(p.select(&k, &c).expect("pick").index, d.index);
+    assert_eq!(p.select_from(&k, &c).expect("pick").index, d.index);
 }
 
 #[test]
@@ -266,5 +266,87 @@ fn nothing_up_is_none() {
     let mut c = up(2);
     c[0].state = State::Down;
     c[1].state = State::Full;
-    assert!(p.select(&prompt(&[], 1, 4), &c).is_none());
+    assert!(p.select_from(&prompt(&[], 1, 4), &c).is_none());
+}
+
+/// A pool read one backend at a time, counting the reads (as `Pool`'s view reads health and
+/// load only when asked).
+struct Counted<'a> {
+    c: &'a [Candidate],
+    reads: std::cell::Cell<usize>,
+}
+
+impl Candidates for Counted<'_> {
+    fn len(&self) -> usize {
+        self.c.len()
+    }
+    fn get(&self, i: usize) -> Candidate {
+        self.reads.set(self.reads.get() + 1);
+        self.c[i]
+    }
+}
+
+#[test]
+fn a_fleet_of_4000_is_weighed_by_a_sample_that_holds_the_prompts_holders() {
+    let n = 4000;
+    let p = policy(n);
+    let mut c = up(n);
+    // Conversations, each held by one backend somewhere in the fleet.
+    let convs: Vec<Vec<u64>> = (0..50).map(|k| chain(100 + k, 40)).collect();
+    for (k, conv) in convs.iter().enumerate() {
+        p.index.insert(k * 79 % n, conv);
+    }
+    for (k, conv) in convs.iter().enumerate() {
+        let key = prompt(conv, 7000 + k as u64, 3);
+        let view = Counted { c: &c, reads: std::cell::Cell::new(0) };
+        let d = p.select(&key, &view).expect("pick");
+        assert_eq!((d.index, d.reason), (k * 79 % n, "cache"), "{}", d.detail);
+        assert!(view.reads.get() <= SAMPLE, "read {} of {n} backends", view.reads.get());
+    }
+    // The holder is overloaded past the bound: the prompt goes to a sampled backend instead.
+    let holder = 0;
+    c.iter_mut().for_each(|x| x.inflight = 1);
+    c[holder].inflight = 60;
+    let d = p.select_from(&prompt(&convs[0], 1, 3), &c).expect("pick");
+    assert_ne!(d.index, holder, "{}", d.detail);
+}
+
+#[test]
+fn in_a_sampled_fleet_new_prompts_spread_over_the_whole_fleet_by_load() {
+    let n = 1000;
+    let p = policy(n);
+    let mut c = up(n);
+    let mut seen = std::collections::HashSet::new();
+    for i in 0..2000 {
+        let d = route(&p, &prompt(&[], 50_000 + i, 4), &mut c);
+        assert_eq!(d.reason, "new_prefix");
+        seen.insert(d.index);
+    }
+    // 2,000 prompts on 1,000 backends by the least loaded of 16 drawn: no backend takes more
+    // than a few, most take some.
+    let most = c.iter().map(|x| x.inflight).max().expect("n");
+    assert!(most <= 4, "a backend took {most}");
+    assert!(seen.len() > 800, "{} of {n} backends used", seen.len());
+    // Every backend down but a few: a draw that finds none up looks further.
+    let mut c = up(n);
+    c.iter_mut().for_each(|x| x.state = State::Down);
+    c[777].state = State::Up;
+    for i in 0..20 {
+        assert_eq!(p.select_from(&prompt(&[], 90_000 + i, 4), &c).expect("pick").index, 777);
+    }
+    c[777].state = State::Down;
+    assert!(p.select_from(&prompt(&[], 1, 4), &c).is_none());
+}
+
+#[test]
+fn a_session_home_is_weighed_even_when_the_sample_would_miss_it() {
+    let n = 2000;
+    let p = policy(n);
+    let c = up(n);
+    p.bind("conv-9".into(), 1234);
+    for i in 0..20 {
+        let key = RouteKey { session: Some("conv-9".into()), ..prompt(&[], 300 + i, 4) };
+        let d = p.select_from(&key, &c).expect("pick");
+        assert_eq!((d.index, d.reason), (1234, "affinity"));
+    }
 }
