@@ -40,9 +40,10 @@ use serde::Deserialize;
 /// samples a fleet this size in microseconds; see `route::index`).
 pub const MAX_BACKENDS_PER_POOL: usize = 4096;
 
-/// Longest `[pools.cache_aware] ttl_s`: the prefix index keeps entries' ages modulo 2^16 s and
-/// needs them below that, which a TTL of at most half of it ensures (see `route::index`).
-pub const MAX_INDEX_TTL_S: u64 = 32_000;
+/// Longest `[pools.cache_aware] ttl_s`: the prefix index keeps entries' ages modulo 2^16
+/// quarter-seconds and needs them below that, which a TTL of at most half of it ensures (see
+/// `route::index`).
+pub const MAX_INDEX_TTL_S: u64 = 8_000;
 
 /// A whole policy file.
 #[derive(Debug, Clone, Deserialize)]

@@ -1,5 +1,6 @@
 //! One backend server: its address, in-flight count, and health (active probes and passive
-//! ejection). The state is a small std mutex held for a few instructions, never across an await.
+//! ejection). The state is a small std mutex held for a few instructions, never across an await;
+//! whether the backend takes traffic is mirrored in atomics, which routing reads.
 
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -59,6 +60,12 @@ pub struct Backend {
     /// here, against the prompt tokens the backend reports.
     prompt_units: AtomicU64,
     health: Mutex<Health>,
+    /// What routing reads of `health`, without its lock (a decision reads many backends):
+    /// marked down by probes, and ejected until (µs since `epoch`; 0: not ejected). Written
+    /// with `health` held.
+    probe_down: AtomicBool,
+    ejected_until_us: AtomicU64,
+    epoch: Instant,
     /// What its `/metrics` said last (`cache_aware` pools read it), for the status page.
     scraped: Mutex<Option<super::load::Scraped>>,
     inflight_gauge: IntGauge,
@@ -87,6 +94,9 @@ impl Backend {
             reported: AtomicU32::new(0),
             prompt_units: AtomicU64::new(0),
             health: Mutex::new(Health::default()),
+            probe_down: AtomicBool::new(false),
+            ejected_until_us: AtomicU64::new(0),
+            epoch: Instant::now(),
             scraped: Mutex::new(None),
             inflight_gauge,
             up_gauge,
@@ -95,7 +105,10 @@ impl Backend {
 
     /// Added by a reload: takes no traffic until the health probes find it up.
     pub fn await_probe(&self) {
-        self.health().probe_down = true;
+        let mut h = self.health();
+        h.probe_down = true;
+        self.probe_down.store(true, Ordering::Relaxed);
+        drop(h);
         self.up_gauge.set(0);
     }
 
@@ -108,15 +121,19 @@ impl Backend {
         self.inflight.load(Ordering::Relaxed)
     }
 
+    fn micros(&self, t: Instant) -> u64 {
+        t.saturating_duration_since(self.epoch).as_micros() as u64
+    }
+
     /// Takes traffic now: not marked down by probes and not ejected.
     pub fn is_up(&self, now: Instant) -> bool {
-        let h = self.health();
-        !h.probe_down && h.ejected_until.is_none_or(|t| now >= t)
+        !self.probe_down.load(Ordering::Relaxed)
+            && self.micros(now) >= self.ejected_until_us.load(Ordering::Relaxed)
     }
 
     /// Not marked down by the active probes (it may be ejected).
     pub fn probed_up(&self) -> bool {
-        !self.health().probe_down
+        !self.probe_down.load(Ordering::Relaxed)
     }
 
     /// Reserves one in-flight slot unless `cap` are taken.
@@ -155,6 +172,7 @@ impl Backend {
         let factor = 1u64 << (h.ejections - 1).min(20);
         let d = Duration::from_millis(cfg.base_ejection_ms.saturating_mul(factor).min(cfg.max_ejection_ms));
         h.ejected_until = Some(now + d);
+        self.ejected_until_us.store(self.micros(now + d).max(1), Ordering::Relaxed);
         h.failures = 0;
         drop(h);
         self.up_gauge.set(0);
@@ -169,6 +187,7 @@ impl Backend {
             h.probe_oks += 1;
             (h.probe_down && h.probe_oks >= cfg.healthy_threshold).then(|| {
                 h.probe_down = false;
+                self.probe_down.store(false, Ordering::Relaxed);
                 true
             })
         } else {
@@ -176,6 +195,7 @@ impl Backend {
             h.probe_fails += 1;
             (!h.probe_down && h.probe_fails >= cfg.unhealthy_threshold).then(|| {
                 h.probe_down = true;
+                self.probe_down.store(true, Ordering::Relaxed);
                 false
             })
         }

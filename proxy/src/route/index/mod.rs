@@ -28,9 +28,14 @@ use std::time::{Duration, Instant};
 use nodes::{age, Lane, Link, Nodes, NIL};
 use table::Table;
 
-/// A held chain touched this recently (seconds) is not touched again when a request extends
-/// it: an agent loop's turns refresh their history's recency at most this often.
-pub const REFRESH_S: u32 = 10;
+/// The index's clock: ticks per second. Entries keep when they were last touched in 16 bits of
+/// ticks (wrapping every 4.5 hours), fine enough to tell which backend's least recent block is
+/// the stalest (see [`PrefixIndex::staleness`]).
+pub const TICKS_PER_S: u32 = 4;
+
+/// A held chain touched this recently (ticks: 10 s) is not touched again when a request
+/// extends it: an agent loop's turns refresh their history's recency at most this often.
+pub const REFRESH: u32 = 10 * TICKS_PER_S;
 
 /// Most backends one pool's index tracks (ids are 16 bits).
 pub const MAX_BACKENDS: usize = crate::config::MAX_BACKENDS_PER_POOL;
@@ -38,8 +43,8 @@ pub const MAX_BACKENDS: usize = crate::config::MAX_BACKENDS_PER_POOL;
 /// Holders a block keeps track of; past that it is held "everywhere" (see the module doc).
 pub const TRACKED_HOLDERS: usize = 64;
 
-/// Longest TTL: entries' ages are kept modulo 2^16 s, and stay below that while the TTL is
-/// at most half of it (see [`PrefixIndex::insert`]).
+/// Longest TTL (seconds): entries' ages are kept modulo 2^16 ticks, and stay below that while
+/// the TTL is at most half of it (see [`PrefixIndex::insert`]).
 pub const MAX_TTL_S: u64 = crate::config::MAX_INDEX_TTL_S;
 
 #[derive(Debug)]
@@ -55,6 +60,7 @@ struct Inner {
 #[derive(Debug)]
 pub struct PrefixIndex {
     inner: Mutex<Inner>,
+    /// In ticks.
     ttl: Option<u32>,
     epoch: Instant,
 }
@@ -65,8 +71,9 @@ enum Added {
     Node(u32),
     /// The backend already held it.
     Held(u32),
-    /// The block has as many holders as are tracked: marked held everywhere instead.
-    Saturated,
+    /// Not tracked: the block has as many holders as are tracked (marked held everywhere
+    /// instead), or the index has no node left.
+    Untracked,
 }
 
 impl PrefixIndex {
@@ -74,7 +81,7 @@ impl PrefixIndex {
     /// [`PrefixIndex::set_capacity`] once its real KV capacity is known).
     pub fn new(backends: usize, capacity: usize, ttl: Option<Duration>) -> PrefixIndex {
         assert!(backends <= MAX_BACKENDS, "validated: at most {MAX_BACKENDS} backends");
-        let ttl = ttl.map(|t| t.as_secs().min(MAX_TTL_S) as u32);
+        let ttl = ttl.map(|t| t.as_secs().min(MAX_TTL_S) as u32 * TICKS_PER_S);
         PrefixIndex {
             inner: Mutex::new(Inner {
                 table: Table::new(),
@@ -94,7 +101,7 @@ impl PrefixIndex {
     }
 
     fn now(&self) -> u32 {
-        self.epoch.elapsed().as_secs() as u32
+        (self.epoch.elapsed().as_millis() * u128::from(TICKS_PER_S) / 1000) as u32
     }
 
     pub fn set_capacity(&self, backend: usize, blocks: usize) {
@@ -107,12 +114,12 @@ impl PrefixIndex {
     /// capacity or older than the TTL are evicted.
     ///
     /// The chain is touched leaf first, so each block is more recent than its descendants. When
-    /// the part the backend already holds was touched within [`REFRESH_S`], only the new
+    /// the part the backend already holds was touched within [`REFRESH`], only the new
     /// blocks are added, each right behind its parent in LRU order, which keeps that order and
     /// costs O(log n + new blocks) instead of O(n): an agent loop resending a long conversation
     /// pays for its new turn only.
     ///
-    /// Ages are kept modulo 2^16 s. A backend with no insert for longer than the TTL has
+    /// Ages are kept modulo 2^16 ticks. A backend with no insert for longer than the TTL has
     /// nothing left that is younger than it, so it is emptied first; otherwise every entry is
     /// younger than TTL + the time since its last insert, at most 2 × [`MAX_TTL_S`], and the
     /// 16-bit ages do not wrap.
@@ -120,7 +127,8 @@ impl PrefixIndex {
         self.insert_at(backend, hashes, self.now());
     }
 
-    fn insert_at(&self, backend: usize, hashes: &[u64], now: u32) {
+    /// [`PrefixIndex::insert`] at tick `now` of the index's clock (16 bits of it matter).
+    pub(crate) fn insert_at(&self, backend: usize, hashes: &[u64], now: u32) {
         let mut g = self.lock();
         if let Some(ttl) = self.ttl {
             if now.saturating_sub(g.lanes[backend].last_insert) > ttl {
@@ -128,10 +136,17 @@ impl PrefixIndex {
             }
         }
         g.lanes[backend].last_insert = now;
+        // Out of nodes (2^27 held blocks): this backend's oldest make room, and what still does
+        // not fit is cut from the chain's end, so what is tracked stays a whole prefix.
+        while g.nodes.available() < hashes.len() && g.lanes[backend].tail != NIL {
+            let oldest = g.lanes[backend].tail;
+            g.drop_node(oldest);
+        }
+        let hashes = &hashes[..hashes.len().min(g.nodes.available())];
         let held = g.held_prefix(backend, hashes);
         let fresh = held > 0
             && g.node_of(hashes[held - 1], backend)
-                .is_none_or(|i| age(now, g.nodes.links[i as usize].at) < REFRESH_S);
+                .is_none_or(|i| age(now, g.nodes.links[i as usize].at) < REFRESH);
         if fresh {
             let mut anchor = g.node_of(hashes[held - 1], backend);
             for &h in &hashes[held..] {
@@ -145,7 +160,7 @@ impl PrefixIndex {
                         anchor = Some(i);
                     }
                     Added::Held(i) => anchor = Some(i),
-                    Added::Saturated => {}
+                    Added::Untracked => {}
                 }
             }
         } else {
@@ -161,7 +176,7 @@ impl PrefixIndex {
                         nodes.links[i as usize].at = now as u16;
                         nodes.push_front(&mut lanes[backend], i);
                     }
-                    Added::Saturated => {}
+                    Added::Untracked => {}
                 }
             }
         }
@@ -190,6 +205,29 @@ impl PrefixIndex {
         let mut out = Vec::new();
         g.each_holder(pos, |b| out.push(b));
         (out, g.saturated(pos))
+    }
+
+    /// How stale what `backend` would evict next is: ticks since its least recent block was
+    /// touched, `u32::MAX` while it has room. New blocks placed where this is largest evict
+    /// what the whole fleet used least recently, as one LRU over every backend's memory would.
+    pub fn staleness(&self, backend: usize) -> u32 {
+        self.staleness_of(&[backend])[0]
+    }
+
+    /// [`PrefixIndex::staleness`] of each of `backends`.
+    pub fn staleness_of(&self, backends: &[usize]) -> Vec<u32> {
+        let now = self.now();
+        let g = self.lock();
+        backends
+            .iter()
+            .map(|&b| {
+                let lane = g.lanes[b];
+                match lane.len < lane.capacity || lane.tail == NIL {
+                    true => u32::MAX,
+                    false => age(now, g.nodes.links[lane.tail as usize].at),
+                }
+            })
+            .collect()
     }
 
     /// Blocks held per backend.
@@ -257,7 +295,7 @@ impl Inner {
             if self.table.full() {
                 self.table.rebuild(self.nodes.heads(), &self.nodes.keys);
             }
-            let i = self.nodes.alloc(key, link);
+            let Some(i) = self.nodes.alloc(key, link) else { return Added::Untracked };
             self.nodes.links[i as usize].lead(false);
             self.table.insert(key, i, &self.nodes.keys);
             return Added::Node(i);
@@ -275,11 +313,11 @@ impl Inner {
         }
         if count >= TRACKED_HOLDERS {
             self.nodes.links[head as usize].set_saturated();
-            return Added::Saturated;
+            return Added::Untracked;
         }
         // The new node heads the list from now on.
         let saturated = self.nodes.links[head as usize].saturated();
-        let i = self.nodes.alloc(key, link);
+        let Some(i) = self.nodes.alloc(key, link) else { return Added::Untracked };
         let l = &mut self.nodes.links[i as usize];
         l.lead(saturated);
         l.set_next_holder(head);
@@ -319,7 +357,7 @@ impl Inner {
         }
     }
 
-    /// Evicts `backend`'s oldest blocks beyond its capacity, and those older than `ttl` seconds.
+    /// Evicts `backend`'s oldest blocks beyond its capacity, and those older than `ttl` ticks.
     fn evict(&mut self, backend: usize, ttl: Option<u32>, now: u32) {
         loop {
             let lane = self.lanes[backend];

@@ -16,7 +16,7 @@ pub struct Link {
     /// (on the head) the block has more holders than are tracked.
     holder: u32,
     pub backend: u16,
-    /// When the backend last touched the block: seconds of the index's clock, modulo 2^16
+    /// When the backend last touched the block: ticks of the index's clock, modulo 2^16
     /// (compared by wrapping difference; see [`age`]).
     pub at: u16,
 }
@@ -72,7 +72,7 @@ pub struct Lane {
     pub tail: u32,
     pub len: usize,
     pub capacity: usize,
-    /// When a block was last inserted for this backend (seconds of the index's clock).
+    /// When a block was last inserted for this backend (ticks of the index's clock).
     pub last_insert: u32,
 }
 
@@ -82,30 +82,49 @@ impl Lane {
     }
 }
 
-/// Seconds between `at` and `now` on the 16-bit clock.
+/// Ticks between `at` and `now` on the 16-bit clock.
 pub fn age(now: u32, at: u16) -> u32 {
     u32::from((now as u16).wrapping_sub(at))
 }
 
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub struct Nodes {
     pub keys: Vec<u64>,
     pub links: Vec<Link>,
-    /// First free node (chained through `next`).
+    /// First free node (chained through `next`), and how many are free.
     free: Option<u32>,
+    free_len: usize,
+    /// Most nodes (a test lowers it).
+    limit: usize,
+}
+
+impl Default for Nodes {
+    fn default() -> Nodes {
+        Nodes { keys: Vec::new(), links: Vec::new(), free: None, free_len: 0, limit: super::table::MAX_NODES }
+    }
 }
 
 impl Nodes {
-    pub fn alloc(&mut self, key: u64, link: Link) -> u32 {
+    #[cfg(test)]
+    pub fn with_limit(limit: usize) -> Nodes {
+        Nodes { limit, ..Nodes::default() }
+    }
+
+    /// A node for `key`, or `None` when [`MAX_NODES`](super::table::MAX_NODES) are in use
+    /// (2^27 held blocks, about 3.7 GiB; see [`Nodes::available`]).
+    pub fn alloc(&mut self, key: u64, link: Link) -> Option<u32> {
         if let Some(i) = self.free {
             let next = self.links[i as usize].next;
             self.free = (next != NIL).then_some(next);
+            self.free_len -= 1;
             self.keys[i as usize] = key;
             self.links[i as usize] = link;
-            return i;
+            return Some(i);
         }
         let n = self.keys.len();
-        assert!(n < super::table::MAX_NODES, "prefix index: more than 2^27 held blocks");
+        if n >= self.limit {
+            return None;
+        }
         if n == self.keys.capacity() {
             let more = (n / 16).max(4096);
             self.keys.reserve_exact(more);
@@ -113,12 +132,18 @@ impl Nodes {
         }
         self.keys.push(key);
         self.links.push(link);
-        n as u32
+        Some(n as u32)
     }
 
     pub fn release(&mut self, i: u32) {
         self.links[i as usize] = Link { next: self.free.unwrap_or(NIL), ..Link::new(0, 0) };
         self.free = Some(i);
+        self.free_len += 1;
+    }
+
+    /// Nodes that can still be had.
+    pub fn available(&self) -> usize {
+        self.free_len + self.limit.saturating_sub(self.keys.len())
     }
 
     /// Every block's (key, head node), in storage order (what the table is rebuilt from).
@@ -194,9 +219,9 @@ mod tests {
     fn lanes_keep_recency_order_and_nodes_are_reused() {
         let mut n = Nodes::default();
         let mut lane = Lane::new(10);
-        let a = n.alloc(1, link(0));
-        let b = n.alloc(2, link(0));
-        let c = n.alloc(3, link(0));
+        let a = n.alloc(1, link(0)).expect("room");
+        let b = n.alloc(2, link(0)).expect("room");
+        let c = n.alloc(3, link(0)).expect("room");
         n.push_front(&mut lane, a);
         n.push_front(&mut lane, b); // 2 1
         n.link_behind(&mut lane, b, c); // 2 3 1
@@ -208,8 +233,14 @@ mod tests {
         assert_eq!(n.heads().collect::<Vec<_>>(), vec![(1, a)]);
         n.release(a);
         assert_eq!(n.heads().count(), 0, "a freed node heads nothing");
-        assert_eq!(n.alloc(4, link(1)), a, "freed node reused");
+        assert_eq!(n.alloc(4, link(1)), Some(a), "freed node reused");
         assert_eq!(n.keys.len(), 3);
+        let mut small = Nodes::with_limit(1);
+        assert_eq!(small.available(), 1);
+        assert!(small.alloc(1, link(0)).is_some() && small.alloc(2, link(0)).is_none(), "no room: none");
+        assert_eq!(small.available(), 0);
+        small.release(0);
+        assert_eq!(small.available(), 1);
     }
 
     #[test]

@@ -128,7 +128,7 @@ fn shared_blocks_keep_their_other_holders_when_one_lets_go() {
 
 #[test]
 fn a_resent_conversation_adds_its_turn_behind_its_history() {
-    // Within REFRESH_S the held part is not touched again; new blocks go right behind
+    // Within REFRESH the held part is not touched again; new blocks go right behind
     // their parents, so eviction still takes the newest turn's blocks before the history.
     let idx = PrefixIndex::new(1, 12, None);
     let history = chain(1, 8);
@@ -207,7 +207,7 @@ fn a_backend_idle_past_the_ttl_is_emptied_before_its_ages_could_wrap() {
     let idx = PrefixIndex::new(2, 100, Some(Duration::from_secs(100)));
     let a = chain(1, 4);
     idx.insert_at(0, &a, 0);
-    // 2^16 + 50 s later its entries' 16-bit ages read 50 s, under the TTL; they are gone all
+    // 2^16 + 50 ticks later its entries' 16-bit ages read 50 ticks, under the TTL; they are gone all
     // the same, and backend 1's fresh copy stays.
     let later = 65_536 + 50;
     idx.insert_at(1, &a, later - 5);
@@ -231,4 +231,36 @@ fn a_held_block_costs_at_most_32_bytes_at_fleet_scale() {
     let held: usize = idx.blocks().iter().sum();
     let per = idx.bytes() as f64 / held as f64;
     assert!(per <= 32.0, "{per:.1} B per held block ({held} held, {} bytes)", idx.bytes());
+}
+
+#[test]
+fn staleness_is_the_age_of_what_a_full_backend_would_evict_next() {
+    let idx = PrefixIndex::new(2, 4, None);
+    assert_eq!(idx.staleness(0), u32::MAX, "room: nothing to evict");
+    // Ticks just before the index's epoch, on the wrapping 16-bit clock.
+    let ago = |ticks: u32| 65_536 - ticks;
+    idx.insert_at(0, &chain(1, 4), ago(400));
+    idx.insert_at(1, &chain(2, 2), ago(40));
+    idx.insert_at(1, &chain(3, 2), ago(8));
+    assert!((400..410).contains(&idx.staleness(0)), "{}", idx.staleness(0));
+    assert!((40..50).contains(&idx.staleness(1)), "{}", idx.staleness(1));
+    idx.remove(1, &chain(2, 2)[1..]);
+    assert_eq!(idx.staleness(1), u32::MAX);
+}
+
+#[test]
+fn an_index_out_of_nodes_stops_tracking_instead_of_failing() {
+    let idx = PrefixIndex::new(2, 100, None);
+    idx.lock().nodes = nodes::Nodes::with_limit(6);
+    idx.insert(0, &chain(1, 4));
+    idx.insert(1, &chain(2, 4));
+    assert_eq!(idx.blocks(), vec![4, 2], "two nodes left: the chain's first two blocks");
+    assert_eq!(idx.depths(&chain(1, 4))[0], 4);
+    assert_eq!(idx.depths(&chain(2, 4))[1], 2);
+    // Backend 1's own oldest make room for its next chain.
+    idx.insert(1, &chain(3, 2));
+    assert_eq!((idx.depths(&chain(3, 2))[1], idx.blocks()[1]), (2, 2));
+    idx.clear(0);
+    idx.insert(1, &chain(2, 4));
+    assert_eq!(idx.depths(&chain(2, 4))[1], 4, "freed nodes serve again");
 }

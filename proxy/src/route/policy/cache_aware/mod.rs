@@ -12,7 +12,9 @@
 //!
 //! and on top of it:
 //! - **ties even out the work**: every backend within `tie_tokens` of the best is as good; the
-//!   one holding the most wins, and among equals the one that was sent the least prefill work
+//!   one holding the most wins; among equals the one whose next eviction is stalest (room, or
+//!   the least recent block touched longest ago: new blocks there evict what one LRU over the
+//!   whole fleet's memory would), then the one that was sent the least prefill work
 //!   lately (decaying over `work_window_s`), then rendezvous hashing on the prompt's
 //!   `spread_blocks` blocks past its longest held prefix. New prefixes (and prompts behind a
 //!   system prompt every backend holds) so go where the least work went, not all to the first
@@ -215,17 +217,18 @@ impl Policy for CacheAware {
         let tie = self.tie_tokens as f64 * self.units_per_token();
         // Recent work compared in steps of the tie: closer than that is the same.
         let step = tie.max(1.0);
-        let tied: Vec<(Estimate, u64)> = {
+        let tied: Vec<Estimate> = est.iter().copied().filter(|e| e.cost <= best + tie).collect();
+        let stale = self.index.staleness_of(&tied.iter().map(|e| e.index).collect::<Vec<_>>());
+        let tied: Vec<(Estimate, u64, u32)> = {
             let r = self.recent();
             let now = Instant::now();
-            est.iter()
-                .filter(|e| e.cost <= best + tie)
-                .map(|e| (*e, (r.get(e.index, now) / step) as u64))
-                .collect()
+            tied.into_iter().zip(stale).map(|(e, s)| (e, (r.get(e.index, now) / step) as u64, s)).collect()
         };
-        let (chosen, _) = tied
+        let (chosen, ..) = tied
             .iter()
-            .max_by_key(|(e, lately)| (e.cached, std::cmp::Reverse(*lately), self.rank(spread, e.index)))
+            .max_by_key(|(e, lately, stale)| {
+                (e.cached, *stale, std::cmp::Reverse(*lately), self.rank(spread, e.index))
+            })
             .expect("the best is within the tie");
         let reason = match (moved, most_cached, chosen.cached) {
             (true, ..) => "affinity_moved",

@@ -350,3 +350,21 @@ fn a_session_home_is_weighed_even_when_the_sample_would_miss_it() {
         assert_eq!((d.index, d.reason), (1234, "affinity"));
     }
 }
+
+#[test]
+fn new_prefixes_evict_what_the_fleet_used_least_recently() {
+    // Both backends full; backend 1's least recent block was touched 100 s ago, backend 0's a
+    // second ago. As one LRU over both memories would, new prompts evict on backend 1.
+    let p = policy(2);
+    for b in 0..2 {
+        p.index.set_capacity(b, 8);
+    }
+    let ago = |ticks: u32| 65_536 - ticks;
+    p.index.insert_at(0, &chain(1, 8), ago(4));
+    p.index.insert_at(1, &chain(2, 8), ago(400));
+    let c = up(2);
+    for i in 0..20 {
+        let d = p.select_from(&prompt(&[], 700 + i, 4), &c).expect("pick");
+        assert_eq!((d.index, d.reason), (1, "new_prefix"), "{}", d.detail);
+    }
+}
