@@ -54,8 +54,9 @@ enum Cmd {
     /// How well warmpath's `tool_search` (BM25) finds the tools a request needs: recall@k and
     /// MRR on a labelled set, beside a word-overlap baseline.
     ToolSearch(tool_search::Args),
-    /// What one `cache_aware` routing decision costs at 8, 64 and 256 backends with a million
-    /// indexed blocks, beside a per-block walk of the same index.
+    /// What one `cache_aware` routing decision costs through `Pool::select` at 256, 1,000 and
+    /// 4,000 backends (`--backends`) with a million indexed blocks, and the index's bytes per
+    /// held block.
     RouteCost(route_cost::Args),
     /// What the safety stage adds on the bundled engine: TTFT with no checks, the rules, and a
     /// moderation service at several latencies run before or beside the backend call; output

@@ -13,7 +13,7 @@
 //! of one per block.
 //!
 //! Sized for fleets: one 24-byte node per (block, holder) ([`nodes`]) and a 4-byte slot per
-//! block ([`table`]), about 30 bytes per held block where a map of bitsets took 150; a block
+//! block ([`table`]), about 30 bytes per held block where a map of bitsets took about 100; a block
 //! tracks at most [`TRACKED_HOLDERS`] holders, and one held more widely than that counts as
 //! held by every backend (a system prompt the whole fleet serves), so no lookup walks more
 //! than that many.
