@@ -193,11 +193,11 @@ fn a_block_held_past_the_tracked_holders_counts_as_held_everywhere_and_chains_ex
 fn entries_older_than_the_ttl_expire() {
     let idx = PrefixIndex::new(1, 100, Some(Duration::from_secs(0)));
     let a = chain(1, 4);
-    idx.insert(0, &a);
-    // Same second: still there (age 0 is not over a TTL of 0 s).
+    idx.insert_at(0, &a, 7);
+    // Same tick: still there (age 0 is not over a TTL of 0).
     assert_eq!(idx.depths(&a)[0], 4);
     let mut g = idx.lock();
-    g.evict(0, Some(0), 2);
+    g.evict(0, Some(0), 9);
     drop(g);
     assert_eq!(idx.depths(&a)[0], 0);
 }
@@ -242,8 +242,9 @@ fn staleness_is_the_age_of_what_a_full_backend_would_evict_next() {
     idx.insert_at(0, &chain(1, 4), ago(400));
     idx.insert_at(1, &chain(2, 2), ago(40));
     idx.insert_at(1, &chain(3, 2), ago(8));
-    assert!((400..410).contains(&idx.staleness(0)), "{}", idx.staleness(0));
-    assert!((40..50).contains(&idx.staleness(1)), "{}", idx.staleness(1));
+    // The index's clock started when it was made: allow for a slow machine since then.
+    assert!((400..480).contains(&idx.staleness(0)), "{}", idx.staleness(0));
+    assert!((40..120).contains(&idx.staleness(1)), "{}", idx.staleness(1));
     idx.remove(1, &chain(2, 2)[1..]);
     assert_eq!(idx.staleness(1), u32::MAX);
 }
