@@ -58,7 +58,7 @@ fn stream(events: usize) -> axum::response::Response {
 /// `max_tokens` of a `"stream":true` request, which the answer streams as that many chunks.
 fn streamed_events(body: &[u8]) -> Option<usize> {
     // Only small bodies are read (the 60 KB one never streams); a router may re-serialize the
-    // JSON (`"stream": true`), so it is parsed, not matched.
+    // JSON (`"stream": true`), so only the key is looked for and the body is then parsed.
     const STREAM: &[u8] = b"\"stream\"";
     if body.len() > 4096 || !body.windows(STREAM.len()).any(|w| w == STREAM) {
         return None;

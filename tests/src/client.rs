@@ -33,8 +33,21 @@ impl Resp {
 
 /// Sends one request with `Connection: close` and reads the whole response.
 pub fn request(addr: SocketAddr, method: &str, path: &str, headers: &[(&str, &str)], body: &[u8]) -> Resp {
-    let mut s = TcpStream::connect(addr).expect("connect");
-    s.set_read_timeout(Some(Duration::from_secs(60))).expect("timeout");
+    let raw = exchange(addr, method, path, headers, body).expect("connect and write the request");
+    parse_response(&raw)
+}
+
+/// Sends one request on a new connection (`connection: close`) and reads until the server
+/// closes: the raw answer, or the error connecting or writing.
+fn exchange(
+    addr: SocketAddr,
+    method: &str,
+    path: &str,
+    headers: &[(&str, &str)],
+    body: &[u8],
+) -> std::io::Result<Vec<u8>> {
+    let mut s = TcpStream::connect(addr)?;
+    s.set_read_timeout(Some(Duration::from_secs(60)))?;
     let mut head = format!("{method} {path} HTTP/1.1\r\nhost: {addr}\r\nconnection: close\r\n");
     for (k, v) in headers {
         head.push_str(&format!("{k}: {v}\r\n"));
@@ -43,11 +56,11 @@ pub fn request(addr: SocketAddr, method: &str, path: &str, headers: &[(&str, &st
         head.push_str(&format!("content-length: {}\r\n", body.len()));
     }
     head.push_str("\r\n");
-    s.write_all(head.as_bytes()).expect("write head");
-    s.write_all(body).expect("write body");
+    s.write_all(head.as_bytes())?;
+    s.write_all(body)?;
     let mut raw = Vec::new();
     let _ = s.read_to_end(&mut raw);
-    parse_response(&raw)
+    Ok(raw)
 }
 
 pub fn get(addr: SocketAddr, path: &str) -> Resp {
@@ -58,12 +71,7 @@ pub fn get(addr: SocketAddr, path: &str) -> Resp {
 /// answer — what a process still starting gives (warmpath binds its ports once to check them
 /// before it serves, and a connection that lands then is reset).
 pub fn try_get(addr: SocketAddr, path: &str) -> Option<Resp> {
-    let mut s = TcpStream::connect(addr).ok()?;
-    s.set_read_timeout(Some(Duration::from_secs(60))).ok()?;
-    s.write_all(format!("GET {path} HTTP/1.1\r\nhost: {addr}\r\nconnection: close\r\n\r\n").as_bytes())
-        .ok()?;
-    let mut raw = Vec::new();
-    let _ = s.read_to_end(&mut raw);
+    let raw = exchange(addr, "GET", path, &[], b"").ok()?;
     raw.windows(4).any(|w| w == b"\r\n\r\n").then(|| parse_response(&raw))
 }
 

@@ -11,26 +11,16 @@ use prometheus::IntGauge;
 use crate::config::HealthConfig;
 use crate::upstream::Peer;
 
-/// Health bookkeeping of one backend.
+/// Health bookkeeping of one backend: the counts behind its state (the state itself, down or
+/// ejected, is in atomics on [`Backend`], which routing reads without this lock).
 #[derive(Debug, Default)]
 struct Health {
-    /// Marked down by active probes.
-    probe_down: bool,
     probe_fails: u32,
     probe_oks: u32,
     /// Consecutive failed requests.
     failures: u32,
-    ejected_until: Option<Instant>,
     /// Ejections in a row without a quiet period between them; doubles the next ejection.
     ejections: u32,
-}
-
-impl Health {
-    /// Within `max_ejection_ms` after the last ejection ended: one failure ejects again.
-    fn on_probation(&self, cfg: &HealthConfig, now: Instant) -> bool {
-        let quiet = Duration::from_millis(cfg.max_ejection_ms);
-        self.ejected_until.is_some_and(|t| now.saturating_duration_since(t) < quiet)
-    }
 }
 
 /// What the passive side decided about a failure.
@@ -60,9 +50,8 @@ pub struct Backend {
     /// here, against the prompt tokens the backend reports.
     prompt_units: AtomicU64,
     health: Mutex<Health>,
-    /// What routing reads of `health`, without its lock (a decision reads many backends):
-    /// marked down by probes, and ejected until (µs since `epoch`; 0: not ejected). Written
-    /// with `health` held.
+    /// Marked down by probes, and ejected until (µs since `epoch`; 0: never ejected): read
+    /// without a lock (a decision reads many backends), written with `health` held.
     probe_down: AtomicBool,
     ejected_until_us: AtomicU64,
     epoch: Instant,
@@ -105,8 +94,7 @@ impl Backend {
 
     /// Added by a reload: takes no traffic until the health probes find it up.
     pub fn await_probe(&self) {
-        let mut h = self.health();
-        h.probe_down = true;
+        let h = self.health();
         self.probe_down.store(true, Ordering::Relaxed);
         drop(h);
         self.up_gauge.set(0);
@@ -123,6 +111,20 @@ impl Backend {
 
     fn micros(&self, t: Instant) -> u64 {
         t.saturating_duration_since(self.epoch).as_micros() as u64
+    }
+
+    /// When the last ejection ends or ended.
+    fn ejected_until(&self) -> Option<Instant> {
+        match self.ejected_until_us.load(Ordering::Relaxed) {
+            0 => None,
+            us => Some(self.epoch + Duration::from_micros(us)),
+        }
+    }
+
+    /// Within `max_ejection_ms` after the last ejection ended: one failure ejects again.
+    fn on_probation(&self, cfg: &HealthConfig, now: Instant) -> bool {
+        let quiet = Duration::from_millis(cfg.max_ejection_ms);
+        self.ejected_until().is_some_and(|t| now.saturating_duration_since(t) < quiet)
     }
 
     /// Takes traffic now: not marked down by probes and not ejected.
@@ -150,7 +152,7 @@ impl Backend {
     pub fn record_success(&self, cfg: &HealthConfig, now: Instant) {
         let mut h = self.health();
         h.failures = 0;
-        if h.ejections > 0 && !h.on_probation(cfg, now) {
+        if h.ejections > 0 && !self.on_probation(cfg, now) {
             h.ejections = 0;
         }
     }
@@ -160,18 +162,17 @@ impl Backend {
     /// backend is ejected for `base × 2^(ejections-1)`, at most `max_ejection_ms`.
     pub fn record_failure(&self, cfg: &HealthConfig, now: Instant) -> Ejection {
         let mut h = self.health();
-        if h.ejected_until.is_some_and(|t| now < t) {
+        if self.ejected_until().is_some_and(|t| now < t) {
             return Ejection::None; // already out; a request that raced the ejection
         }
         h.failures += 1;
-        let on_probation = h.ejections > 0 && h.on_probation(cfg, now);
+        let on_probation = h.ejections > 0 && self.on_probation(cfg, now);
         if h.failures < cfg.eject_after_failures && !on_probation {
             return Ejection::None;
         }
         h.ejections = if on_probation { h.ejections + 1 } else { 1 };
         let factor = 1u64 << (h.ejections - 1).min(20);
         let d = Duration::from_millis(cfg.base_ejection_ms.saturating_mul(factor).min(cfg.max_ejection_ms));
-        h.ejected_until = Some(now + d);
         self.ejected_until_us.store(self.micros(now + d).max(1), Ordering::Relaxed);
         h.failures = 0;
         drop(h);
@@ -182,23 +183,21 @@ impl Backend {
     /// An active probe's result; returns the new probe state (`true` = up) when it changed.
     pub fn record_probe(&self, ok: bool, cfg: &HealthConfig) -> Option<bool> {
         let mut h = self.health();
-        if ok {
+        let down = self.probe_down.load(Ordering::Relaxed);
+        let (count, threshold) = if ok {
             h.probe_fails = 0;
             h.probe_oks += 1;
-            (h.probe_down && h.probe_oks >= cfg.healthy_threshold).then(|| {
-                h.probe_down = false;
-                self.probe_down.store(false, Ordering::Relaxed);
-                true
-            })
+            (h.probe_oks, cfg.healthy_threshold)
         } else {
             h.probe_oks = 0;
             h.probe_fails += 1;
-            (!h.probe_down && h.probe_fails >= cfg.unhealthy_threshold).then(|| {
-                h.probe_down = true;
-                self.probe_down.store(true, Ordering::Relaxed);
-                false
-            })
-        }
+            (h.probe_fails, cfg.unhealthy_threshold)
+        };
+        // A probe that disagrees with the state often enough in a row flips it.
+        (down == ok && count >= threshold).then(|| {
+            self.probe_down.store(!ok, Ordering::Relaxed);
+            ok
+        })
     }
 
     /// Brings the `warmpath_backend_up` gauge in line with the state (ejections end by time).

@@ -5,6 +5,7 @@
 
 pub mod backend;
 pub mod budget;
+pub mod draw;
 pub mod events;
 pub mod exposition;
 pub mod health;

@@ -30,7 +30,7 @@ use table::Table;
 
 /// The index's clock: ticks per second. Entries keep when they were last touched in 16 bits of
 /// ticks (wrapping every 4.5 hours), fine enough to tell which backend's least recent block is
-/// the stalest (see [`PrefixIndex::staleness`]).
+/// the stalest (see [`PrefixIndex::staleness_of`]).
 pub const TICKS_PER_S: u32 = 4;
 
 /// A held chain touched this recently (ticks: 10 s) is not touched again when a request
@@ -144,38 +144,29 @@ impl PrefixIndex {
         }
         let hashes = &hashes[..hashes.len().min(g.nodes.available())];
         let held = g.held_prefix(backend, hashes);
-        let fresh = held > 0
-            && g.node_of(hashes[held - 1], backend)
-                .is_none_or(|i| age(now, g.nodes.links[i as usize].at) < REFRESH);
+        // The last held block's node (none where that block is held everywhere, untracked).
+        let last = held.checked_sub(1).and_then(|k| g.node_of(hashes[k], backend));
+        let fresh = held > 0 && last.is_none_or(|i| age(now, g.nodes.links[i as usize].at) < REFRESH);
         if fresh {
-            let mut anchor = g.node_of(hashes[held - 1], backend);
+            let mut anchor = last.unwrap_or(NIL);
             for &h in &hashes[held..] {
                 match g.add(h, backend, now) {
                     Added::Node(i) => {
                         let Inner { nodes, lanes, .. } = &mut *g;
-                        match anchor {
-                            Some(a) => nodes.link_behind(&mut lanes[backend], a, i),
-                            None => nodes.push_front(&mut lanes[backend], i),
-                        }
-                        anchor = Some(i);
+                        nodes.link_after(&mut lanes[backend], anchor, i);
+                        anchor = i;
                     }
-                    Added::Held(i) => anchor = Some(i),
+                    Added::Held(i) => anchor = i,
                     Added::Untracked => {}
                 }
             }
         } else {
             for &h in hashes.iter().rev() {
-                match g.add(h, backend, now) {
-                    Added::Node(i) => {
-                        let Inner { nodes, lanes, .. } = &mut *g;
-                        nodes.push_front(&mut lanes[backend], i);
-                    }
-                    Added::Held(i) => {
-                        let Inner { nodes, lanes, .. } = &mut *g;
-                        nodes.unlink(&mut lanes[backend], i);
-                        nodes.links[i as usize].at = now as u16;
-                        nodes.push_front(&mut lanes[backend], i);
-                    }
+                let added = g.add(h, backend, now);
+                let Inner { nodes, lanes, .. } = &mut *g;
+                match added {
+                    Added::Node(i) => nodes.link_after(&mut lanes[backend], NIL, i),
+                    Added::Held(i) => nodes.touch(&mut lanes[backend], i, now as u16),
                     Added::Untracked => {}
                 }
             }
@@ -199,7 +190,8 @@ impl PrefixIndex {
     }
 
     /// The backends tracked as holding `hash`, and whether it is held more widely than that.
-    pub fn holders(&self, hash: u64) -> (Vec<usize>, bool) {
+    #[cfg(test)]
+    fn holders(&self, hash: u64) -> (Vec<usize>, bool) {
         let g = self.lock();
         let Some(pos) = g.table.find(hash, &g.nodes.keys) else { return (Vec::new(), false) };
         let mut out = Vec::new();
@@ -207,14 +199,10 @@ impl PrefixIndex {
         (out, g.saturated(pos))
     }
 
-    /// How stale what `backend` would evict next is: ticks since its least recent block was
-    /// touched, `u32::MAX` while it has room. New blocks placed where this is largest evict
-    /// what the whole fleet used least recently, as one LRU over every backend's memory would.
-    pub fn staleness(&self, backend: usize) -> u32 {
-        self.staleness_of(&[backend])[0]
-    }
-
-    /// [`PrefixIndex::staleness`] of each of `backends`.
+    /// How stale what each of `backends` would evict next is: ticks since its least recent
+    /// block was touched, `u32::MAX` while it has room. New blocks placed where this is largest
+    /// evict what the whole fleet used least recently, as one LRU over every backend's memory
+    /// would.
     pub fn staleness_of(&self, backends: &[usize]) -> Vec<u32> {
         let now = self.now();
         let g = self.lock();

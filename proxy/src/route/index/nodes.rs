@@ -155,32 +155,32 @@ impl Nodes {
         self.keys.capacity() * size_of::<u64>() + self.links.capacity() * size_of::<Link>()
     }
 
-    /// Puts node `i` first on `lane`.
-    pub fn push_front(&mut self, lane: &mut Lane, i: u32) {
-        let old = lane.head;
+    /// Puts node `i` on `lane` right behind `prev` (just less recent than it), or first when
+    /// `prev` is [`NIL`].
+    pub fn link_after(&mut self, lane: &mut Lane, prev: u32, i: u32) {
+        let next = match prev {
+            NIL => lane.head,
+            p => self.links[p as usize].next,
+        };
         let l = &mut self.links[i as usize];
-        l.prev = NIL;
-        l.next = old;
-        match old {
-            NIL => lane.tail = i,
-            o => self.links[o as usize].prev = i,
-        }
-        lane.head = i;
-        lane.len += 1;
-    }
-
-    /// Puts node `i` right behind `anchor` on `lane` (just less recent than it).
-    pub fn link_behind(&mut self, lane: &mut Lane, anchor: u32, i: u32) {
-        let next = self.links[anchor as usize].next;
-        let l = &mut self.links[i as usize];
-        l.prev = anchor;
+        l.prev = prev;
         l.next = next;
         match next {
             NIL => lane.tail = i,
             n => self.links[n as usize].prev = i,
         }
-        self.links[anchor as usize].next = i;
+        match prev {
+            NIL => lane.head = i,
+            p => self.links[p as usize].next = i,
+        }
         lane.len += 1;
+    }
+
+    /// Moves node `i` to the front of `lane`, touched at `at`.
+    pub fn touch(&mut self, lane: &mut Lane, i: u32, at: u16) {
+        self.unlink(lane, i);
+        self.links[i as usize].at = at;
+        self.link_after(lane, NIL, i);
     }
 
     pub fn unlink(&mut self, lane: &mut Lane, i: u32) {
@@ -222,13 +222,15 @@ mod tests {
         let a = n.alloc(1, link(0)).expect("room");
         let b = n.alloc(2, link(0)).expect("room");
         let c = n.alloc(3, link(0)).expect("room");
-        n.push_front(&mut lane, a);
-        n.push_front(&mut lane, b); // 2 1
-        n.link_behind(&mut lane, b, c); // 2 3 1
+        n.link_after(&mut lane, NIL, a);
+        n.link_after(&mut lane, NIL, b); // 2 1
+        n.link_after(&mut lane, b, c); // 2 3 1
         assert_eq!(order(&n, &lane), vec![2, 3, 1]);
         n.unlink(&mut lane, a);
         assert_eq!((order(&n, &lane), lane.len), (vec![2, 3], 2));
         assert_eq!(n.keys[lane.tail as usize], 3);
+        n.touch(&mut lane, c, 9);
+        assert_eq!((order(&n, &lane), n.links[c as usize].at), (vec![3, 2], 9));
         n.links[a as usize].lead(true);
         assert_eq!(n.heads().collect::<Vec<_>>(), vec![(1, a)]);
         n.release(a);

@@ -213,14 +213,7 @@ mod tests {
     #[test]
     fn random_keys_survive_growth_and_churn() {
         let mut x = 0x9e37_79b9_7f4a_7c15u64;
-        let keys: Vec<u64> = (0..5000)
-            .map(|_| {
-                x ^= x << 13;
-                x ^= x >> 7;
-                x ^= x << 17;
-                x
-            })
-            .collect();
+        let keys: Vec<u64> = (0..5000).map(|_| crate::route::draw::xorshift(&mut x)).collect();
         let mut t = table(&keys);
         for &k in keys.iter().skip(1).step_by(2) {
             let pos = t.find(k, &keys).expect("present");

@@ -7,6 +7,7 @@ use xxhash_rust::xxh3::xxh3_64_with_seed;
 use super::CacheAware;
 use std::sync::atomic::Ordering;
 
+use crate::route::draw::xorshift;
 use crate::route::policy::{Candidate, Candidates, RouteKey};
 
 /// Backends measured per decision in a pool larger than this: the conversation's home, the
@@ -94,11 +95,15 @@ impl CacheAware {
         let held_share = (u64::from(deepest) * per_block).min(tokens) as f64 / tokens.max(1) as f64;
         let miss_weight = 1.0 + (self.miss_weight - 1.0) * held_share / shared.max(1.0);
         let decode_cost = self.decode_cost as f64 * self.units_per_token();
-        let drawn: Vec<f64> =
-            read.iter().filter(|(i, ..)| random.contains(i)).map(|(_, c, _)| c.inflight as f64).collect();
-        let all: Vec<f64> = read.iter().map(|(_, c, _)| c.inflight as f64).collect();
-        let over = if drawn.is_empty() { &all } else { &drawn };
-        let mean_inflight = over.iter().sum::<f64>() / over.len().max(1) as f64;
+        // Over the random draw where there is one (and any of it is up), else over all read.
+        let mean_of = |drawn_only: bool| {
+            let (sum, n) = read
+                .iter()
+                .filter(|(i, ..)| !drawn_only || random.contains(i))
+                .fold((0.0, 0usize), |(s, n), (_, c, _)| (s + c.inflight as f64, n + 1));
+            (n > 0).then(|| sum / n as f64)
+        };
+        let mean_inflight = mean_of(true).or_else(|| mean_of(false)).unwrap_or(0.0);
         let est = read
             .into_iter()
             .map(|(i, c, depth)| {
@@ -117,14 +122,7 @@ impl CacheAware {
     fn draw(&self, key: &RouteKey, n: usize) -> Vec<usize> {
         let seed = key.blocks.last().copied().or(key.prefix).unwrap_or(0);
         let mut x = seed ^ self.draws.fetch_add(1, Ordering::Relaxed).wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
-        (0..RANDOM)
-            .map(|_| {
-                x ^= x << 13;
-                x ^= x >> 7;
-                x ^= x << 17;
-                (x % n as u64) as usize
-            })
-            .collect()
+        (0..RANDOM).map(|_| (xorshift(&mut x) % n as u64) as usize).collect()
     }
 
     /// Rendezvous weight of backend `i` for this prompt.

@@ -250,9 +250,7 @@ impl Policy for CacheAware {
         if let Some(b) = d.held_block {
             self.shared.set(b, self.shared_by(b, now) + 1.0, now);
         }
-        {
-            self.recent().add(d.index, d.prefill_tokens as f64, Instant::now());
-        }
+        self.recent().add(d.index, d.prefill_tokens as f64, Instant::now());
         // Recorded in both modes: a backend's events for this prompt come only after its
         // prefill, and requests sharing the prefix that arrive meanwhile must already see it
         // there. In precise mode the events then correct the guess: removals, and blocks other

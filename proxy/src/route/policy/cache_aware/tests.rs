@@ -3,6 +3,7 @@
 use super::super::testing::up;
 use super::super::{Candidate, Candidates, State};
 use super::*;
+use crate::route::draw::xorshift;
 
 fn policy(n: usize) -> CacheAware {
     let names: Vec<String> = (0..n).map(|i| format!("b{i}")).collect();
@@ -155,10 +156,7 @@ fn new_prefixes_even_out_the_prefill_work() {
     let mut work = [0u64; 4];
     let mut rng = 0x2545_f491_4f6c_dd1du64;
     for i in 0..400 {
-        rng ^= rng << 13;
-        rng ^= rng >> 7;
-        rng ^= rng << 17;
-        let d = route(&p, &prompt(&[], 9000 + i, 1 + (rng % 120) as usize), &mut c);
+        let d = route(&p, &prompt(&[], 9000 + i, 1 + (xorshift(&mut rng) % 120) as usize), &mut c);
         assert_eq!(d.reason, "new_prefix");
         work[d.index] += d.prefill_tokens;
         drain(&mut c);
