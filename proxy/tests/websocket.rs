@@ -192,6 +192,9 @@ fn limits_on_connections_age_and_idleness() {
     };
     assert_eq!(f.close_code(), Some(1000));
     assert!(String::from_utf8_lossy(&f.payload[2..]).contains("idle"));
+    // The place is free once the server has closed the TCP connection (RFC 6455 §7.1.1: the
+    // close frame comes first); a client reconnecting on the close frame alone may still race it.
+    assert!(a.read_frame().is_none(), "nothing after the close frame");
 
     // A busy connection reaches max_age_s: an error event says why, then 1001.
     let mut c = Ws::connect(proxy.addr, &[]);
