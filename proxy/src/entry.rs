@@ -32,6 +32,8 @@ enum Route {
     /// `GET /v1/responses` with `Upgrade: websocket`.
     WebSocket,
     Models,
+    /// Routes on stored responses (`/v1/responses/{id}`, ...).
+    Stored(crate::http::stored::StoredRoute),
     /// `GET /health`: ready or not, as vLLM's own `/health` (load balancers and Kubernetes
     /// probes look for it on the API port).
     Health,
@@ -51,7 +53,11 @@ fn route_of(req: &pingora::http::RequestHeader) -> Route {
         (None, "/v1/models") if method == http::Method::GET => Route::Models,
         (None, "/v1/models") => Route::MethodNotAllowed("GET"),
         (None, "/health") if method == http::Method::GET => Route::Health,
-        _ => Route::NotFound,
+        _ => match crate::http::stored::StoredRoute::of(method, path) {
+            Some(Ok(r)) => Route::Stored(r),
+            Some(Err(allow)) => Route::MethodNotAllowed(allow),
+            None => Route::NotFound,
+        },
     }
 }
 
@@ -106,13 +112,18 @@ impl ProxyHttp for WarmpathProxy {
             return Ok(true);
         }
         let route = route_of(session.req_header());
-        if !matches!(route, Route::Llm(_) | Route::WebSocket) {
+        let reads_body = match &route {
+            Route::Llm(_) | Route::WebSocket => true,
+            Route::Stored(r) => r.reads_body(),
+            _ => false,
+        };
+        if !reads_body {
             // Only LLM routes read the body; any other answer must not strand one.
             let deadline = Duration::from_millis(state.cfg.limits.body_read_timeout_ms);
             crate::http::body::discard_small_body(session, deadline).await;
         }
         // API keys, where `[auth]` is on: every API route (a WebSocket on its upgrade).
-        if matches!(route, Route::Llm(_) | Route::WebSocket | Route::Models) {
+        if matches!(route, Route::Llm(_) | Route::WebSocket | Route::Models | Route::Stored(_)) {
             let authorization = session.req_header().headers.get(http::header::AUTHORIZATION);
             match state.auth.authenticate(authorization.map(|v| v.as_bytes())) {
                 Ok(key) => ctx.key = key,
@@ -149,6 +160,10 @@ impl ProxyHttp for WarmpathProxy {
             Route::Models => {
                 ctx.route = "models";
                 crate::http::models::serve(state, session, ctx).await?;
+            }
+            Route::Stored(r) => {
+                ctx.route = r.label();
+                crate::http::stored::serve(state, session, ctx, r).await?;
             }
             Route::Health => {
                 ctx.route = "health";

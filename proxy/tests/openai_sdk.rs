@@ -88,3 +88,32 @@ fn the_openai_sdk_runs_a_tool_calling_conversation_over_websocket_and_http() {
     assert_eq!(v["http_stream_status"], "completed", "{v}");
     assert_eq!(v["http_not_found"], "previous_response_not_found", "{v}");
 }
+
+/// The SDK's own calls on stored responses: `retrieve`, `input_items.list` (auto-paged),
+/// `input_tokens.count` (equal to the usage the next call reports), `delete`; another key sees
+/// nothing.
+#[test]
+fn the_openai_sdk_retrieves_lists_counts_and_deletes_stored_responses() {
+    let e = Engine::sim("m", &[]);
+    let proxy = Proxy::start(&policy("", "[pools.canon]\ntokenizer = \"wp32k\"", &["m"], &[("e0", e.url())]));
+    let v = run_script("openai_responses_api.py", &format!("http://{}/v1", proxy.addr), "m", &[]);
+    assert!(v["reported"].as_u64().unwrap_or(0) > 0, "{v}");
+    assert_eq!(v["counted"], v["reported"], "{v}");
+    assert_eq!(
+        (v["retrieved_same"].as_bool(), v["retrieved_text"].as_bool()),
+        (Some(true), Some(true)),
+        "{v}"
+    );
+    // Newest first: the second question, the first answer, the first question.
+    assert_eq!(
+        v["items"],
+        serde_json::json!([["message", "user"], ["message", "assistant"], ["message", "user"]]),
+        "{v}"
+    );
+    assert_eq!(v["items_asc_first"], "Say hello.", "{v}");
+    assert_eq!(
+        (v["other_key"].as_str(), v["after_delete"].as_str()),
+        (Some("not found"), Some("not found")),
+        "{v}"
+    );
+}

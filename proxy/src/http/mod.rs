@@ -1,13 +1,15 @@
 //! The HTTP routes of the API listener, each answered on the client's pingora session: the
 //! LLM routes through the pipeline ([`serve_llm`]), `POST /v1/responses` as a Responses turn
 //! ([`responses`]), `GET /v1/models` merged from the backends ([`models`]), `GET /health`
-//! ([`health`]). Which route a request is, is decided in `entry.rs`; WebSocket mode, its
+//! ([`health`]), the routes on stored responses ([`stored`]). Which route a request is, is decided in `entry.rs`; WebSocket mode, its
 //! sibling, is `ws`.
 
 pub mod body;
 pub mod health;
 pub mod models;
+pub mod query;
 pub mod responses;
+pub mod stored;
 
 use pingora::proxy::Session;
 

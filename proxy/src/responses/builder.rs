@@ -114,7 +114,7 @@ impl Builder {
     }
 
     /// The response object as it stands, as JSON text.
-    fn response_json(&self) -> String {
+    pub fn response_json(&self) -> String {
         let (status, incomplete, error) = match &self.outcome {
             None => ("in_progress", Value::Null, Value::Null),
             Some(Outcome::Completed) => ("completed", Value::Null, Value::Null),

@@ -21,6 +21,21 @@ pub fn new_id(prefix: &str) -> String {
     s
 }
 
+/// Gives an item without an `id` one, by its type (`msg_`, `fc_`, `fco_`, else `item_`).
+pub fn give_id(item: &mut serde_json::Value) {
+    let Some(o) = item.as_object_mut() else { return };
+    if o.get("id").is_some_and(|v| v.as_str().is_some_and(|s| !s.is_empty())) {
+        return;
+    }
+    let prefix = match o.get("type").and_then(serde_json::Value::as_str).unwrap_or("message") {
+        "message" => "msg_",
+        "function_call" => "fc_",
+        "function_call_output" => "fco_",
+        _ => "item_",
+    };
+    o.insert("id".into(), serde_json::Value::String(new_id(prefix)));
+}
+
 /// One event as it goes out: its type (the SSE `event:` line) and its JSON text.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Event {

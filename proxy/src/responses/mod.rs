@@ -10,15 +10,20 @@
 //! - `request`: the request's fields, and the chat or completion request a turn becomes;
 //! - `chat`: items and tools in the Chat Completions form;
 //! - `builder`: chat chunks → Responses events and the response object; `events`: what goes out;
+//! - `count`: a turn's prompt tokens counted without a backend (`input_tokens`);
+//! - `list`: stored items in OpenAI's list pages;
 //! - `translate`: the [`Downstream`](crate::pipeline::Downstream) that does it on the fly,
 //!   writing to an [`EventSink`] (HTTP in `http::responses`, WebSocket in `ws`).
 
 mod builder;
 mod chat;
+mod count;
 pub mod events;
+pub mod list;
 pub mod request;
 pub mod translate;
 mod turn;
 
+pub use count::input_tokens;
 pub use translate::{EventSink, ProxyHeaders, Translator};
-pub use turn::{previous_not_found, run, Turn};
+pub use turn::{lookup, previous_not_found, run, store_op, Turn};

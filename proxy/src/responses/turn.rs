@@ -19,7 +19,7 @@ use crate::pipeline::respond::send_error;
 use crate::request::head::{Head, TurnTexts};
 use crate::request::LlmRoute;
 use crate::safety::texts::item_turns;
-use crate::session::{Conversation, Store};
+use crate::session::{Conversation, Store, StoreError};
 use crate::state::{AppState, Pool, RequestCtx};
 
 /// Stored items shown to context-dependent checks (the guard model) with a turn's new ones.
@@ -43,6 +43,25 @@ pub fn previous_not_found(id: &str, status: u16) -> ApiError {
     e
 }
 
+/// The stored response `id` of `tenant`, counted; a store that fails is a 503.
+pub async fn lookup(state: &AppState, tenant: u64, id: &str) -> Result<Option<Arc<Conversation>>, ApiError> {
+    let found = state.sessions.get(tenant, id).await;
+    store_op(state, "get", found)
+}
+
+/// A store operation's result counted (`warmpath_session_store_ops_total`); a failure is a
+/// 503 `session_store_unavailable`.
+pub fn store_op<T>(state: &AppState, op: &str, r: Result<T, StoreError>) -> Result<T, ApiError> {
+    let label = if r.is_ok() { "ok" } else { "error" };
+    state.metrics.session_store_ops.with_label_values(&[op, label]).inc();
+    r.map_err(|e| {
+        tracing::warn!(error = %e, op, "conversation store failed");
+        state.metrics.redis_errors.with_label_values(&["sessions"]).inc();
+        ApiError::unavailable(format!("the conversation store failed: {e}"))
+            .with_code("session_store_unavailable")
+    })
+}
+
 impl Turn {
     /// Looks the predecessor up: `cached` first (a WebSocket connection's last response), then
     /// the store. `missing_status`: 404 over HTTP, 400 in a WebSocket error event, as OpenAI.
@@ -57,21 +76,9 @@ impl Turn {
             None => None,
             Some(id) => match cached.filter(|c| c.id == id && c.tenant == tenant) {
                 Some(c) => Some(c.clone()),
-                None => match state.sessions.get(tenant, id).await {
-                    Ok(found) => {
-                        state.metrics.session_store_ops.with_label_values(&["get", "ok"]).inc();
-                        match found {
-                            Some(c) => Some(c),
-                            None => return Err(previous_not_found(id, missing_status)),
-                        }
-                    }
-                    Err(e) => {
-                        tracing::warn!(error = %e, "conversation store read failed");
-                        state.metrics.session_store_ops.with_label_values(&["get", "error"]).inc();
-                        state.metrics.redis_errors.with_label_values(&["sessions"]).inc();
-                        return Err(ApiError::unavailable(format!("the conversation store failed: {e}"))
-                            .with_code("session_store_unavailable"));
-                    }
+                None => match lookup(state, tenant, id).await? {
+                    Some(c) => Some(c),
+                    None => return Err(previous_not_found(id, missing_status)),
                 },
             },
         };
@@ -101,11 +108,18 @@ impl Turn {
         TurnTexts { context, new }
     }
 
-    /// The conversation after this turn, with its output.
-    fn stored(&self, output: Vec<Value>) -> Conversation {
+    /// The conversation after this turn, with its output and the response object. Input items
+    /// the client sent without an id get one, as OpenAI's stored items have (listing pages by
+    /// them).
+    fn stored(&self, output: Vec<Value>, response: String) -> Conversation {
         let mut items = self.req.input.clone();
+        for item in &mut items {
+            events::give_id(item);
+        }
+        let outputs = output.len();
         items.extend(output);
         Conversation::new(self.id.clone(), self.tenant, self.req.model.clone(), self.previous.clone(), items)
+            .with_response(outputs, response)
     }
 }
 
@@ -120,15 +134,8 @@ pub async fn run(
     head: &Head,
     transport: &'static str,
 ) -> pingora::Result<Option<Arc<Conversation>>> {
-    // Token-id completions where the pool renders prompts exactly as its backends.
     let pool = state.pools.for_model(&turn.req.model).cloned();
-    // (Not where input checks may rewrite text: token ids could not be.)
-    let tokens = pool.filter(|p| {
-        p.responses_tokens
-            && p.canon.token_turns()
-            && turn.req.completion_ok()
-            && !p.safety.as_ref().is_some_and(|s| s.redacts_input())
-    });
+    let tokens = pool.filter(|p| by_tokens(p, &turn.req));
     let checked = state.pools.for_model(&turn.req.model).is_some_and(|p| p.safety.is_some());
     let with_texts = |h: Head| if checked { h.with_texts(turn.texts()) } else { h };
     let mut tr = Translator::new(sink, Builder::new(turn.id.clone(), &turn.req));
@@ -180,7 +187,7 @@ pub async fn run(
     let output = tr.builder.output_items();
     let stored = match outcome {
         Some(Outcome::Completed | Outcome::Incomplete(_)) => {
-            let mut c = turn.stored(output.clone());
+            let mut c = turn.stored(output.clone(), tr.builder.response_json());
             if let (Some(p), Some(mut ids)) = (&tokens, conversation_ids) {
                 // The answer's turn as the template renders it, for the next prompt.
                 match request::messages_of(&output).and_then(|m| p.canon.message_ids(&m)) {
@@ -195,13 +202,7 @@ pub async fn run(
             }
             let c = Arc::new(c);
             if turn.req.store {
-                let result = state.sessions.put(c.clone()).await;
-                let label = if result.is_ok() { "ok" } else { "error" };
-                state.metrics.session_store_ops.with_label_values(&["put", label]).inc();
-                if let Err(e) = result {
-                    state.metrics.redis_errors.with_label_values(&["sessions"]).inc();
-                    tracing::warn!(error = %e, id = %c.id, "conversation store write failed");
-                }
+                let _ = store_op(state, "put", state.sessions.put(c.clone()).await);
                 if let Store::Memory(_) = &*state.sessions {
                     let (bytes, _) = state.sessions.usage();
                     state.metrics.session_store_bytes.with_label_values(&["memory"]).set(bytes as i64);
@@ -215,6 +216,15 @@ pub async fn run(
         state.metrics.client_disconnects.inc();
     }
     Ok(stored)
+}
+
+/// Whether `pool` runs this request as token-id completions: where it renders prompts exactly
+/// as its backends, and not where input checks may rewrite text (token ids could not be).
+pub(super) fn by_tokens(pool: &Pool, req: &ResponsesRequest) -> bool {
+    pool.responses_tokens
+        && pool.canon.token_turns()
+        && req.completion_ok()
+        && !pool.safety.as_ref().is_some_and(|s| s.redacts_input())
 }
 
 /// A warm-up (`generate: false`): the response completes at once, with no output.
@@ -279,7 +289,7 @@ async fn token_turn(
 
 /// The conversation's token ids after this turn's input: the stored ids (or, where the
 /// predecessor kept none, its items rendered once) and the new items'.
-fn conversation_tokens(canon: &Canon, turn: &Turn) -> Result<Vec<u32>, ApiError> {
+pub(super) fn conversation_tokens(canon: &Canon, turn: &Turn) -> Result<Vec<u32>, ApiError> {
     let mut ids = match &turn.previous {
         Some(p) => match &p.tokens {
             Some(t) => t.as_ref().clone(),

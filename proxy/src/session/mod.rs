@@ -40,6 +40,10 @@ pub struct Conversation {
     pub parent: Option<Arc<Conversation>>,
     /// This turn's input items, then its output items.
     pub items: Vec<Value>,
+    /// How many of `items` are the turn's output (the last ones).
+    pub outputs: usize,
+    /// The response object as the client got it (JSON text), for `GET /v1/responses/{id}`.
+    pub response: Option<String>,
     /// Bytes of the whole conversation (serialized items).
     pub bytes: usize,
     /// Items of the whole conversation.
@@ -70,8 +74,26 @@ impl Conversation {
             bytes: bytes + own,
             len: len + items.len(),
             items,
+            outputs: 0,
+            response: None,
             tokens: None,
         }
+    }
+
+    /// The last `outputs` items are the turn's output, and `response` the object the client
+    /// got (counted in its bytes).
+    pub fn with_response(mut self, outputs: usize, response: String) -> Conversation {
+        self.outputs = outputs.min(self.items.len());
+        self.bytes += response.len();
+        self.response = Some(response);
+        self
+    }
+
+    /// The response's input: the whole conversation before its own output, oldest first.
+    pub fn input_items(&self) -> Vec<&Value> {
+        let mut all = self.all_items();
+        all.truncate(all.len() - self.outputs);
+        all
     }
 
     /// The conversation's token ids (counted in its bytes).
@@ -100,6 +122,8 @@ impl Conversation {
             root: &self.root,
             items: self.all_items(),
             tokens: self.tokens.as_deref().map(Vec::as_slice),
+            outputs: self.outputs,
+            response: self.response.as_deref(),
         };
         serde_json::to_vec(&doc).unwrap_or_default()
     }
@@ -110,6 +134,9 @@ impl Conversation {
         c.root = doc.root;
         if let Some(ids) = doc.tokens {
             c = c.with_tokens(ids);
+        }
+        if let Some(r) = doc.response {
+            c = c.with_response(doc.outputs, r);
         }
         Some(c)
     }
@@ -123,6 +150,8 @@ struct StoredRef<'a> {
     root: &'a str,
     items: Vec<&'a Value>,
     tokens: Option<&'a [u32]>,
+    outputs: usize,
+    response: Option<&'a str>,
 }
 
 #[derive(serde::Deserialize)]
@@ -133,6 +162,10 @@ struct Stored {
     items: Vec<Value>,
     #[serde(default)]
     tokens: Option<Vec<u32>>,
+    #[serde(default)]
+    outputs: usize,
+    #[serde(default)]
+    response: Option<String>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -194,6 +227,20 @@ impl Store {
             }
         }
         Ok(())
+    }
+
+    /// Forgets the stored response `id` if `tenant` made it; whether it did. Responses that
+    /// continue it keep their own copy of the conversation (memory: a shared chain; Redis:
+    /// whole), so they stay continuable.
+    pub async fn delete(&self, tenant: u64, id: &str) -> Result<bool, StoreError> {
+        if self.get(tenant, id).await?.is_none() {
+            return Ok(false);
+        }
+        match self {
+            Store::Memory(m) => m.invalidate(id),
+            Store::Redis { client, .. } => client.query::<()>(redis::cmd("DEL").arg(Self::key(id))).await?,
+        }
+        Ok(true)
     }
 
     /// Bytes and entries held (memory store, as of its last maintenance; 0 for Redis, whose

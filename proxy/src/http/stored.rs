@@ -1,0 +1,155 @@
+//! The Responses routes on what warmpath stored, answered from its conversation store
+//! (`crate::session`, scoped per API key: another key's response is a 404, exactly as an
+//! unknown id): `GET` and `DELETE /v1/responses/{id}`, `GET /v1/responses/{id}/input_items`,
+//! and `POST /v1/responses/input_tokens` (counted with the pool's tokenizer, no backend call).
+
+use bytes::Bytes;
+use pingora::proxy::Session;
+use serde_json::json;
+use warmpath_wire::openai::ApiError;
+
+use super::body::read_client_body;
+use super::query;
+use crate::pipeline::respond::{send_error, send_json};
+use crate::request::head::Head;
+use crate::responses::list::ListQuery;
+use crate::responses::request::{self, ResponsesRequest};
+use crate::responses::{self, store_op, Turn};
+use crate::session::tenant;
+use crate::state::{AppState, RequestCtx};
+
+/// Which stored-response route a request is.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum StoredRoute {
+    Retrieve(String),
+    Delete(String),
+    InputItems(String),
+    InputTokens,
+}
+
+/// Names under `/v1/responses/` that are routes, not response ids.
+const RESERVED: &[&str] = &["input_tokens", "compact"];
+
+impl StoredRoute {
+    /// The route of `method path`: `None` when the path is not one of these, `Err(allow)`
+    /// when the method is not one the path takes.
+    pub fn of(method: &http::Method, path: &str) -> Option<Result<StoredRoute, &'static str>> {
+        let rest = path.strip_prefix("/v1/responses/")?;
+        let (get, post, delete) =
+            (method == http::Method::GET, method == http::Method::POST, method == http::Method::DELETE);
+        Some(match rest.split('/').collect::<Vec<_>>()[..] {
+            ["input_tokens"] if post => Ok(StoredRoute::InputTokens),
+            ["input_tokens"] => Err("POST"),
+            [id] if RESERVED.contains(&id) || id.is_empty() => return None,
+            [id] if get => Ok(StoredRoute::Retrieve(id.to_owned())),
+            [id] if delete => Ok(StoredRoute::Delete(id.to_owned())),
+            [_] => Err("GET, DELETE"),
+            [id, "input_items"] if get && !id.is_empty() => Ok(StoredRoute::InputItems(id.to_owned())),
+            [_, "input_items"] => Err("GET"),
+            _ => return None,
+        })
+    }
+
+    /// Whether the route reads a request body.
+    pub fn reads_body(&self) -> bool {
+        matches!(self, StoredRoute::InputTokens)
+    }
+
+    /// The `route` metric label.
+    pub fn label(&self) -> &'static str {
+        match self {
+            StoredRoute::Retrieve(_) => "responses_retrieve",
+            StoredRoute::Delete(_) => "responses_delete",
+            StoredRoute::InputItems(_) => "responses_input_items",
+            StoredRoute::InputTokens => "responses_input_tokens",
+        }
+    }
+}
+
+/// Answers one stored-response route.
+pub async fn serve(
+    state: &AppState,
+    session: &mut Session,
+    ctx: &mut RequestCtx,
+    route: StoredRoute,
+) -> pingora::Result<()> {
+    let head = Head::of(session.req_header()).with_key(ctx.key.clone());
+    let tenant = tenant(head.owner());
+    let pairs = query::pairs(session.req_header().uri.query());
+    let answer = match &route {
+        StoredRoute::Retrieve(id) => retrieve(state, tenant, id, &pairs).await,
+        StoredRoute::Delete(id) => delete(state, tenant, id).await,
+        StoredRoute::InputItems(id) => input_items(state, tenant, id, &pairs).await,
+        StoredRoute::InputTokens => {
+            let Some(body) = read_client_body(state, session, ctx).await? else { return Ok(()) };
+            input_tokens(state, ctx, tenant, &body).await
+        }
+    };
+    match answer {
+        Ok(body) => {
+            ctx.status = 200;
+            send_json(session, 200, Bytes::from(body), &[]).await
+        }
+        Err(e) => {
+            ctx.status = e.status;
+            send_error(session, &e, &[]).await
+        }
+    }
+}
+
+/// `Response with id '…' not found.` (404), for an unknown id and another key's alike.
+pub fn not_found(id: &str) -> ApiError {
+    ApiError::not_found(format!("Response with id '{id}' not found.")).with_code("response_not_found")
+}
+
+async fn retrieve(
+    state: &AppState,
+    tenant: u64,
+    id: &str,
+    q: &[(String, String)],
+) -> Result<String, ApiError> {
+    if q.iter().any(|(k, v)| k == "stream" && v == "true") {
+        return Err(ApiError::invalid_param(
+            "streaming a stored response again (`stream=true`) is not served: retrieve it whole",
+            "stream",
+        ));
+    }
+    let c = responses::lookup(state, tenant, id).await?.ok_or_else(|| not_found(id))?;
+    c.response.clone().ok_or_else(|| not_found(id))
+}
+
+async fn delete(state: &AppState, tenant: u64, id: &str) -> Result<String, ApiError> {
+    let found = store_op(state, "delete", state.sessions.delete(tenant, id).await)?;
+    if !found {
+        return Err(not_found(id));
+    }
+    Ok(json!({"id": id, "object": "response", "deleted": true}).to_string())
+}
+
+async fn input_items(
+    state: &AppState,
+    tenant: u64,
+    id: &str,
+    q: &[(String, String)],
+) -> Result<String, ApiError> {
+    let list = ListQuery::from_pairs(q.iter().map(|(k, v)| (k.as_str(), v.as_str())))?;
+    let c = responses::lookup(state, tenant, id).await?.ok_or_else(|| not_found(id))?;
+    Ok(list.page(&c.input_items())?.to_string())
+}
+
+async fn input_tokens(
+    state: &AppState,
+    ctx: &RequestCtx,
+    tenant: u64,
+    body: &[u8],
+) -> Result<String, ApiError> {
+    let req = ResponsesRequest::from_fields(request::raw_fields(body)?, false)?;
+    let pool = state.pools.for_model(&req.model).ok_or_else(|| ApiError::model_not_found(&req.model))?;
+    if let Some(key) = ctx.key.as_deref() {
+        if !state.auth.may_use(key, &pool.name, &req.model) {
+            return Err(crate::auth::answers::forbidden_model(&req.model));
+        }
+    }
+    let turn = Turn::prepare(state, req, tenant, None, 404).await?;
+    Ok(responses::input_tokens(pool, &turn)?.to_string())
+}
