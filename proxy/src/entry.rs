@@ -34,6 +34,8 @@ enum Route {
     Models,
     /// Routes on stored responses (`/v1/responses/{id}`, ...).
     Stored(crate::http::stored::StoredRoute),
+    /// `/v1/conversations` and below.
+    Conversations(crate::http::conversations::ConversationRoute),
     /// `GET /health`: ready or not, as vLLM's own `/health` (load balancers and Kubernetes
     /// probes look for it on the API port).
     Health,
@@ -56,7 +58,11 @@ fn route_of(req: &pingora::http::RequestHeader) -> Route {
         _ => match crate::http::stored::StoredRoute::of(method, path) {
             Some(Ok(r)) => Route::Stored(r),
             Some(Err(allow)) => Route::MethodNotAllowed(allow),
-            None => Route::NotFound,
+            None => match crate::http::conversations::ConversationRoute::of(method, path) {
+                Some(Ok(r)) => Route::Conversations(r),
+                Some(Err(allow)) => Route::MethodNotAllowed(allow),
+                None => Route::NotFound,
+            },
         },
     }
 }
@@ -115,6 +121,7 @@ impl ProxyHttp for WarmpathProxy {
         let reads_body = match &route {
             Route::Llm(_) | Route::WebSocket => true,
             Route::Stored(r) => r.reads_body(),
+            Route::Conversations(r) => r.reads_body(),
             _ => false,
         };
         if !reads_body {
@@ -123,7 +130,10 @@ impl ProxyHttp for WarmpathProxy {
             crate::http::body::discard_small_body(session, deadline).await;
         }
         // API keys, where `[auth]` is on: every API route (a WebSocket on its upgrade).
-        if matches!(route, Route::Llm(_) | Route::WebSocket | Route::Models | Route::Stored(_)) {
+        if matches!(
+            route,
+            Route::Llm(_) | Route::WebSocket | Route::Models | Route::Stored(_) | Route::Conversations(_)
+        ) {
             let authorization = session.req_header().headers.get(http::header::AUTHORIZATION);
             match state.auth.authenticate(authorization.map(|v| v.as_bytes())) {
                 Ok(key) => ctx.key = key,
@@ -164,6 +174,10 @@ impl ProxyHttp for WarmpathProxy {
             Route::Stored(r) => {
                 ctx.route = r.label();
                 crate::http::stored::serve(state, session, ctx, r).await?;
+            }
+            Route::Conversations(r) => {
+                ctx.route = "conversations";
+                crate::http::conversations::serve(state, session, ctx, r).await?;
             }
             Route::Health => {
                 ctx.route = "health";

@@ -117,3 +117,40 @@ fn the_openai_sdk_retrieves_lists_counts_and_deletes_stored_responses() {
         "{v}"
     );
 }
+
+/// The SDK's conversations calls, and responses continuing by `conversation`.
+#[test]
+fn the_openai_sdk_manages_conversations_and_continues_by_them() {
+    let e = Engine::sim("m", &[]);
+    let proxy = Proxy::start(&policy("", "", &["m"], &[("e0", e.url())]));
+    let v = run_script("openai_conversations.py", &format!("http://{}/v1", proxy.addr), "m", &[]);
+    assert_eq!(v["created"], serde_json::json!(["conversation", {"topic": "demo"}]), "{v}");
+    assert_eq!(
+        (v["response_conversation"].as_bool(), v["history_grew"].as_bool()),
+        (Some(true), Some(true)),
+        "{v}"
+    );
+    assert_eq!(v["added"], serde_json::json!(["Bye."]), "{v}");
+    // The first item, two turns of question and answer, the added one.
+    let roles = serde_json::json!([
+        ["message", "user"],
+        ["message", "user"],
+        ["message", "assistant"],
+        ["message", "user"],
+        ["message", "assistant"],
+        ["message", "user"]
+    ]);
+    assert_eq!(v["items"], roles, "{v}");
+    assert_eq!(
+        (v["first_text"].as_str(), v["after_item_delete"].as_u64()),
+        (Some("My name is Ada."), Some(5)),
+        "{v}"
+    );
+    assert_eq!(v["updated"], true, "{v}");
+    assert_eq!(v["deleted"], serde_json::json!(["conversation.deleted", true]), "{v}");
+    assert_eq!(
+        (v["other_key"].as_str(), v["after_delete"].as_str()),
+        (Some("not found"), Some("not found")),
+        "{v}"
+    );
+}

@@ -5,40 +5,24 @@ use serde_json::{json, Value};
 use warmpath_tests::*;
 
 /// One request with an API key (`Bearer key`).
-fn call(proxy: &Proxy, key: &str, method: &str, path: &str, body: Option<&Value>) -> Resp {
-    let auth = format!("Bearer {key}");
-    let bytes = body.map(Value::to_string).unwrap_or_default();
-    let mut headers = vec![("authorization", auth.as_str())];
-    if body.is_some() {
-        headers.push(("content-type", "application/json"));
-    }
-    request(proxy.addr, method, path, &headers, bytes.as_bytes())
-}
-
-fn ok(r: Resp) -> Value {
-    assert_eq!(r.status, 200, "{}", r.text());
-    r.json()
-}
-
-/// A two-turn tool-calling conversation of key `k1`: (first response, second response).
 fn conversation(proxy: &Proxy) -> (Value, Value) {
-    let first = ok(call(
-        proxy,
+    let first = keyed(
+        proxy.addr,
         "k1",
         "POST",
         "/v1/responses",
         Some(&json!({"model": "m", "instructions": "You are a weather agent.", "tools": weather_tools(),
                      "input": "What will the weather be in Oslo tomorrow?", "max_output_tokens": 64})),
-    ));
+    )
+    .ok();
     let call_id = first["output"][0]["call_id"].clone();
-    let second = ok(call(
-        proxy,
+    let second = keyed(proxy.addr,
         "k1",
         "POST",
         "/v1/responses",
         Some(&json!({"model": "m", "previous_response_id": first["id"], "tools": weather_tools(),
                      "input": [{"type": "function_call_output", "call_id": call_id, "output": "sunny, 21 C"}]})),
-    ));
+    ).ok();
     (first, second)
 }
 
@@ -55,19 +39,19 @@ fn stored_responses_are_retrieved_listed_and_deleted_by_their_key_only() {
     let id2 = second["id"].as_str().expect("id");
 
     // Retrieved as created.
-    assert_eq!(ok(call(&proxy, "k1", "GET", &format!("/v1/responses/{id2}"), None)), second);
+    assert_eq!(keyed(proxy.addr, "k1", "GET", &format!("/v1/responses/{id2}"), None).ok(), second);
     // Another key, or an unknown id: 404, the same answer.
     for (key, id) in [("k2", id2), ("k1", "resp_nope")] {
-        let r = call(&proxy, key, "GET", &format!("/v1/responses/{id}"), None);
+        let r = keyed(proxy.addr, key, "GET", &format!("/v1/responses/{id}"), None);
         assert_eq!(r.status, 404, "{key}: {}", r.text());
         assert_eq!(r.json()["error"]["message"], format!("Response with id '{id}' not found."));
-        let r = call(&proxy, key, "GET", &format!("/v1/responses/{id}/input_items"), None);
+        let r = keyed(proxy.addr, key, "GET", &format!("/v1/responses/{id}/input_items"), None);
         assert_eq!(r.status, 404, "{key}: {}", r.text());
     }
 
     // The second response's input is the whole conversation before its output, newest first:
     // its function_call_output, the first response's call, the first question.
-    let items = ok(call(&proxy, "k1", "GET", &format!("/v1/responses/{id2}/input_items"), None));
+    let items = keyed(proxy.addr, "k1", "GET", &format!("/v1/responses/{id2}/input_items"), None).ok();
     let kinds: Vec<&str> =
         items["data"].as_array().expect("data").iter().map(|i| i["type"].as_str().unwrap_or("")).collect();
     assert_eq!(kinds, ["function_call_output", "function_call", "message"], "{items}");
@@ -86,41 +70,46 @@ fn stored_responses_are_retrieved_listed_and_deleted_by_their_key_only() {
         (Some(all[0].as_str()), Some(all[2].as_str()))
     );
     // Paged: two at a time, then after the last one seen; oldest first.
-    let p1 = ok(call(&proxy, "k1", "GET", &format!("/v1/responses/{id2}/input_items?limit=2"), None));
+    let p1 = keyed(proxy.addr, "k1", "GET", &format!("/v1/responses/{id2}/input_items?limit=2"), None).ok();
     assert_eq!((ids(&p1), p1["has_more"].as_bool()), (all[..2].to_vec(), Some(true)));
-    let p2 = ok(call(
-        &proxy,
+    let p2 = keyed(
+        proxy.addr,
         "k1",
         "GET",
         &format!("/v1/responses/{id2}/input_items?limit=2&after={}", all[1]),
         None,
-    ));
+    )
+    .ok();
     assert_eq!((ids(&p2), p2["has_more"].as_bool()), (all[2..].to_vec(), Some(false)));
-    let asc = ok(call(&proxy, "k1", "GET", &format!("/v1/responses/{id2}/input_items?order=asc"), None));
+    let asc =
+        keyed(proxy.addr, "k1", "GET", &format!("/v1/responses/{id2}/input_items?order=asc"), None).ok();
     assert_eq!(ids(&asc), all.iter().rev().cloned().collect::<Vec<_>>());
     // The ids stay: listing again gives the same.
-    assert_eq!(ids(&ok(call(&proxy, "k1", "GET", &format!("/v1/responses/{id2}/input_items"), None))), all);
+    assert_eq!(
+        ids(&keyed(proxy.addr, "k1", "GET", &format!("/v1/responses/{id2}/input_items"), None).ok()),
+        all
+    );
     for bad in ["limit=0", "limit=101", "order=sideways", "include=everything", "after=msg_nope"] {
-        let r = call(&proxy, "k1", "GET", &format!("/v1/responses/{id2}/input_items?{bad}"), None);
+        let r = keyed(proxy.addr, "k1", "GET", &format!("/v1/responses/{id2}/input_items?{bad}"), None);
         assert_eq!(r.status, 400, "{bad}: {}", r.text());
     }
 
     // Deleted by its key only; the response after it still continues (it keeps the
     // conversation), the deleted one does not.
     let id1 = first["id"].as_str().expect("id");
-    assert_eq!(call(&proxy, "k2", "DELETE", &format!("/v1/responses/{id1}"), None).status, 404);
-    let gone = ok(call(&proxy, "k1", "DELETE", &format!("/v1/responses/{id1}"), None));
+    assert_eq!(keyed(proxy.addr, "k2", "DELETE", &format!("/v1/responses/{id1}"), None).status, 404);
+    let gone = keyed(proxy.addr, "k1", "DELETE", &format!("/v1/responses/{id1}"), None).ok();
     assert_eq!(gone, json!({"id": id1, "object": "response", "deleted": true}));
-    assert_eq!(call(&proxy, "k1", "GET", &format!("/v1/responses/{id1}"), None).status, 404);
-    assert_eq!(call(&proxy, "k1", "DELETE", &format!("/v1/responses/{id1}"), None).status, 404);
+    assert_eq!(keyed(proxy.addr, "k1", "GET", &format!("/v1/responses/{id1}"), None).status, 404);
+    assert_eq!(keyed(proxy.addr, "k1", "DELETE", &format!("/v1/responses/{id1}"), None).status, 404);
     let more = |prev: &str| json!({"model": "m", "previous_response_id": prev, "input": "thanks", "max_output_tokens": 4});
-    assert_eq!(call(&proxy, "k1", "POST", "/v1/responses", Some(&more(id2))).status, 200);
-    assert_eq!(call(&proxy, "k1", "POST", "/v1/responses", Some(&more(id1))).status, 404);
+    assert_eq!(keyed(proxy.addr, "k1", "POST", "/v1/responses", Some(&more(id2))).status, 200);
+    assert_eq!(keyed(proxy.addr, "k1", "POST", "/v1/responses", Some(&more(id1))).status, 404);
 
     // Wrong methods say which ones the route takes.
-    let r = call(&proxy, "k1", "POST", &format!("/v1/responses/{id2}"), None);
+    let r = keyed(proxy.addr, "k1", "POST", &format!("/v1/responses/{id2}"), None);
     assert_eq!((r.status, r.header("allow")), (405, Some("GET, DELETE")), "{}", r.text());
-    assert_eq!(call(&proxy, "k1", "GET", "/v1/responses/input_tokens", None).status, 405);
+    assert_eq!(keyed(proxy.addr, "k1", "GET", "/v1/responses/input_tokens", None).status, 405);
     let m = proxy.metrics();
     assert!(
         metric(&m, "warmpath_requests_total{backend=\"none\",route=\"responses_retrieve\",status=\"200\"}")
@@ -134,15 +123,16 @@ fn stored_responses_are_retrieved_listed_and_deleted_by_their_key_only() {
 fn an_unstored_response_is_not_found() {
     let e = Engine::sim("m", &[]);
     let proxy = Proxy::start(&policy("", "", &["m"], &[("e0", e.url())]));
-    let r = ok(call(
-        &proxy,
+    let r = keyed(
+        proxy.addr,
         "k1",
         "POST",
         "/v1/responses",
         Some(&json!({"model": "m", "input": "hi", "store": false, "max_output_tokens": 4})),
-    ));
+    )
+    .ok();
     let id = r["id"].as_str().expect("id");
-    assert_eq!(call(&proxy, "k1", "GET", &format!("/v1/responses/{id}"), None).status, 404);
+    assert_eq!(keyed(proxy.addr, "k1", "GET", &format!("/v1/responses/{id}"), None).status, 404);
 }
 
 const WP32K: &str = "[pools.canon]\ntokenizer = \"wp32k\"";
@@ -159,39 +149,44 @@ fn input_tokens_is_the_count_the_engine_reports() {
         let proxy = Proxy::start(&policy("", &pool, &["m"], &[("e0", e.url())]));
         let first = json!({"model": "m", "instructions": "You are a weather agent.", "tools": weather_tools(),
                            "input": "What will the weather be in Oslo tomorrow?", "max_output_tokens": 64});
-        let counted = ok(call(&proxy, "k1", "POST", "/v1/responses/input_tokens", Some(&first)));
+        let counted = keyed(proxy.addr, "k1", "POST", "/v1/responses/input_tokens", Some(&first)).ok();
         assert_eq!(counted["object"], "response.input_tokens", "{counted}");
-        let r1 = ok(call(&proxy, "k1", "POST", "/v1/responses", Some(&first)));
+        let r1 = keyed(proxy.addr, "k1", "POST", "/v1/responses", Some(&first)).ok();
         assert_eq!(counted["input_tokens"], r1["usage"]["input_tokens"], "{pool}: first turn");
         let next = json!({"model": "m", "instructions": "You are a weather agent.", "tools": weather_tools(),
                           "previous_response_id": r1["id"], "max_output_tokens": 64,
                           "input": [{"role": "user", "content": "And the day after?"}]});
-        let counted = ok(call(&proxy, "k1", "POST", "/v1/responses/input_tokens", Some(&next)));
-        let r2 = ok(call(&proxy, "k1", "POST", "/v1/responses", Some(&next)));
+        let counted = keyed(proxy.addr, "k1", "POST", "/v1/responses/input_tokens", Some(&next)).ok();
+        let r2 = keyed(proxy.addr, "k1", "POST", "/v1/responses", Some(&next)).ok();
         assert_eq!(counted["input_tokens"], r2["usage"]["input_tokens"], "{pool}: continuation");
         assert!(r2["usage"]["input_tokens"].as_u64() > r1["usage"]["input_tokens"].as_u64());
         // Another key cannot count from this conversation.
-        assert_eq!(call(&proxy, "k2", "POST", "/v1/responses/input_tokens", Some(&next)).status, 404);
+        assert_eq!(keyed(proxy.addr, "k2", "POST", "/v1/responses/input_tokens", Some(&next)).status, 404);
     }
     let e = Engine::sim("m", &[]);
     let proxy = Proxy::start(&policy("", "", &["m"], &[("e0", e.url())]));
-    let r =
-        call(&proxy, "k1", "POST", "/v1/responses/input_tokens", Some(&json!({"model": "m", "input": "hi"})));
+    let r = keyed(
+        proxy.addr,
+        "k1",
+        "POST",
+        "/v1/responses/input_tokens",
+        Some(&json!({"model": "m", "input": "hi"})),
+    );
     assert_eq!(
         (r.status, r.json()["error"]["code"].as_str()),
         (400, Some("tokenizer_unavailable")),
         "{}",
         r.text()
     );
-    let r = call(
-        &proxy,
+    let r = keyed(
+        proxy.addr,
         "k1",
         "POST",
         "/v1/responses/input_tokens",
         Some(&json!({"model": "nope", "input": "hi"})),
     );
     assert_eq!(r.status, 404, "{}", r.text());
-    let r = call(&proxy, "k1", "POST", "/v1/responses/input_tokens", Some(&json!({"input": 5})));
+    let r = keyed(proxy.addr, "k1", "POST", "/v1/responses/input_tokens", Some(&json!({"input": 5})));
     assert_eq!(r.status, 400, "{}", r.text());
 }
 
@@ -206,11 +201,11 @@ fn another_replica_serves_the_stored_routes_through_redis() {
     let b = Proxy::start(&policy(&store, "", &["m"], &[("e0", e.url())]));
     let (_, second) = conversation(&a);
     let id = second["id"].as_str().expect("id");
-    assert_eq!(ok(call(&b, "k1", "GET", &format!("/v1/responses/{id}"), None)), second);
-    assert_eq!(call(&b, "k2", "GET", &format!("/v1/responses/{id}"), None).status, 404);
-    let on_a = ok(call(&a, "k1", "GET", &format!("/v1/responses/{id}/input_items"), None));
-    let on_b = ok(call(&b, "k1", "GET", &format!("/v1/responses/{id}/input_items"), None));
+    assert_eq!(keyed(b.addr, "k1", "GET", &format!("/v1/responses/{id}"), None).ok(), second);
+    assert_eq!(keyed(b.addr, "k2", "GET", &format!("/v1/responses/{id}"), None).status, 404);
+    let on_a = keyed(a.addr, "k1", "GET", &format!("/v1/responses/{id}/input_items"), None).ok();
+    let on_b = keyed(b.addr, "k1", "GET", &format!("/v1/responses/{id}/input_items"), None).ok();
     assert_eq!((on_a["data"].as_array().map(Vec::len), &on_a), (Some(3), &on_b));
-    ok(call(&b, "k1", "DELETE", &format!("/v1/responses/{id}"), None));
-    assert_eq!(call(&a, "k1", "GET", &format!("/v1/responses/{id}"), None).status, 404);
+    keyed(b.addr, "k1", "DELETE", &format!("/v1/responses/{id}"), None).ok();
+    assert_eq!(keyed(a.addr, "k1", "GET", &format!("/v1/responses/{id}"), None).status, 404);
 }

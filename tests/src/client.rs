@@ -29,6 +29,28 @@ impl Resp {
         serde_json::from_slice(&self.body)
             .unwrap_or_else(|_| panic!("not JSON ({}): {}", self.status, self.text()))
     }
+    /// The JSON body of a 200 (a panic showing the body otherwise).
+    pub fn ok(&self) -> serde_json::Value {
+        assert_eq!(self.status, 200, "{}", self.text());
+        self.json()
+    }
+}
+
+/// One request as API key `key` (`Authorization: Bearer key`), with a JSON body when given.
+pub fn keyed(
+    addr: SocketAddr,
+    key: &str,
+    method: &str,
+    path: &str,
+    body: Option<&serde_json::Value>,
+) -> Resp {
+    let auth = format!("Bearer {key}");
+    let bytes = body.map(serde_json::Value::to_string).unwrap_or_default();
+    let mut headers = vec![("authorization", auth.as_str())];
+    if body.is_some() {
+        headers.push(("content-type", "application/json"));
+    }
+    request(addr, method, path, &headers, bytes.as_bytes())
 }
 
 /// Sends one request with `Connection: close` and reads the whole response.

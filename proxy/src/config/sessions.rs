@@ -15,6 +15,8 @@ pub struct ConversationConfig {
     pub max_mib: u64,
     /// Seconds a stored response can be continued after it was made.
     pub ttl_s: u64,
+    /// Seconds a conversation (`/v1/conversations`) is kept after its last use.
+    pub conversation_ttl_s: u64,
     /// Redis store: `redis://[:password@]host:port[/db]`.
     pub redis_url: Option<RedisUrl>,
     /// Redis store: the most a command may take, connecting included.
@@ -27,6 +29,7 @@ impl Default for ConversationConfig {
             store: StoreKind::Memory,
             max_mib: 256,
             ttl_s: 3600,
+            conversation_ttl_s: 30 * 86_400,
             redis_url: None,
             redis_timeout_ms: 1000,
         }

@@ -3,14 +3,12 @@
 //! unknown id): `GET` and `DELETE /v1/responses/{id}`, `GET /v1/responses/{id}/input_items`,
 //! and `POST /v1/responses/input_tokens` (counted with the pool's tokenizer, no backend call).
 
-use bytes::Bytes;
 use pingora::proxy::Session;
 use serde_json::json;
 use warmpath_wire::openai::ApiError;
 
 use super::body::read_client_body;
 use super::query;
-use crate::pipeline::respond::{send_error, send_json};
 use crate::request::head::Head;
 use crate::responses::list::ListQuery;
 use crate::responses::request::{self, ResponsesRequest};
@@ -85,16 +83,7 @@ pub async fn serve(
             input_tokens(state, ctx, tenant, &body).await
         }
     };
-    match answer {
-        Ok(body) => {
-            ctx.status = 200;
-            send_json(session, 200, Bytes::from(body), &[]).await
-        }
-        Err(e) => {
-            ctx.status = e.status;
-            send_error(session, &e, &[]).await
-        }
-    }
+    super::reply(session, ctx, answer).await
 }
 
 /// `Response with id '…' not found.` (404), for an unknown id and another key's alike.
@@ -119,7 +108,7 @@ async fn retrieve(
 }
 
 async fn delete(state: &AppState, tenant: u64, id: &str) -> Result<String, ApiError> {
-    let found = store_op(state, "delete", state.sessions.delete(tenant, id).await)?;
+    let found = store_op(state, "delete", state.sessions.responses.delete(tenant, id).await)?;
     if !found {
         return Err(not_found(id));
     }

@@ -56,6 +56,7 @@ impl Builder {
         echo.insert("model".into(), json!(req.model));
         echo.insert("instructions".into(), json!(req.instructions));
         echo.insert("previous_response_id".into(), json!(req.previous_response_id));
+        echo.insert("conversation".into(), json!(req.conversation.as_ref().map(|id| json!({"id": id}))));
         echo.insert("tool_choice".into(), req.tool_choice.clone().unwrap_or(json!("auto")));
         echo.insert("parallel_tool_calls".into(), json!(req.parallel_tool_calls.unwrap_or(true)));
         echo.insert("max_output_tokens".into(), json!(req.max_output_tokens));

@@ -26,4 +26,4 @@ mod turn;
 
 pub use count::input_tokens;
 pub use translate::{EventSink, ProxyHeaders, Translator};
-pub use turn::{lookup, previous_not_found, run, store_op, Turn};
+pub use turn::{conversation_not_found, lookup, previous_not_found, run, store_op, Turn};

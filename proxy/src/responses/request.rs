@@ -29,6 +29,15 @@ pub fn raw_str<'a>(f: &'a RawFields, k: &str) -> Option<Cow<'a, str>> {
     f.get(k).and_then(|v| serde_json::from_str::<Cow<'a, str>>(v.get()).ok())
 }
 
+/// Checks items given to a conversation (`param`: where they were, for the error): each one
+/// an item a turn could take.
+pub fn check_items(items: &[Value], param: &str) -> Result<(), ApiError> {
+    for (i, item) in items.iter().enumerate() {
+        check_item(item).map_err(|m| ApiError::invalid_param(m, &format!("{param}[{i}]")))?;
+    }
+    Ok(())
+}
+
 /// The fields warmpath acts on; the rest of the request is ignored, as OpenAI ignores fields a
 /// model does not use.
 #[derive(Debug, Clone)]
@@ -39,6 +48,8 @@ pub struct ResponsesRequest {
     /// The system prompt of this turn; not carried over by `previous_response_id`.
     pub instructions: Option<String>,
     pub previous_response_id: Option<String>,
+    /// The conversation (`/v1/conversations`) this response reads and appends to.
+    pub conversation: Option<String>,
     /// Keep the response for later `previous_response_id` (OpenAI's default: true).
     pub store: bool,
     pub stream: bool,
@@ -147,9 +158,7 @@ impl ResponsesRequest {
             None | Some(Value::Null) => Vec::new(),
             Some(Value::String(s)) => vec![json!({"type": "message", "role": "user", "content": s})],
             Some(Value::Array(items)) => {
-                for (i, item) in items.iter().enumerate() {
-                    check_item(item).map_err(|m| ApiError::invalid_param(m, &format!("input[{i}]")))?;
-                }
+                check_items(&items, "input")?;
                 items
             }
             Some(_) => {
@@ -168,8 +177,29 @@ impl ResponsesRequest {
                 Some(v.as_i64().ok_or_else(|| ApiError::invalid_param("`seed` must be an integer", "seed"))?)
             }
         };
+        let conversation = match o.get("conversation") {
+            None | Some(Value::Null) => None,
+            Some(Value::String(s)) => Some(s.clone()),
+            Some(Value::Object(c)) if c.get("id").is_some_and(Value::is_string) => {
+                c.get("id").and_then(Value::as_str).map(str::to_owned)
+            }
+            Some(_) => {
+                return Err(ApiError::invalid_param(
+                    "`conversation` must be a conversation id or {\"id\": ...}",
+                    "conversation",
+                ))
+            }
+        };
+        if conversation.is_some() && o.get("previous_response_id").is_some_and(|v| !v.is_null()) {
+            return Err(ApiError::invalid_param(
+                "Mutually exclusive parameters: Ensure you are only providing one of: 'previous_response_id' or 'conversation'.",
+                "conversation",
+            )
+            .with_code("mutually_exclusive_parameters"));
+        }
         Ok(ResponsesRequest {
             model,
+            conversation,
             input,
             instructions: opt_str(o, "instructions")?,
             previous_response_id: opt_str(o, "previous_response_id")?,

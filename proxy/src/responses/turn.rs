@@ -19,7 +19,7 @@ use crate::pipeline::respond::send_error;
 use crate::request::head::{Head, TurnTexts};
 use crate::request::LlmRoute;
 use crate::safety::texts::item_turns;
-use crate::session::{Conversation, Store, StoreError};
+use crate::session::{Conversation, ReadAt, StoreError};
 use crate::state::{AppState, Pool, RequestCtx};
 
 /// Stored items shown to context-dependent checks (the guard model) with a turn's new ones.
@@ -30,8 +30,19 @@ pub struct Turn {
     pub req: ResponsesRequest,
     pub id: String,
     pub tenant: u64,
-    /// The conversation it continues.
+    /// The conversation it continues: a stored response's, or a conversation's items.
     pub previous: Option<Arc<Conversation>>,
+    /// The conversation (`/v1/conversations`) it appends to, as it was read.
+    pub thread: Option<(String, ReadAt)>,
+}
+
+/// `conversation` names nothing this caller can use.
+pub fn conversation_not_found(id: &str, status: u16) -> ApiError {
+    let mut e = ApiError::invalid_request(format!("Conversation with id '{id}' not found."))
+        .with_param("conversation")
+        .with_code("conversation_not_found");
+    e.status = status;
+    e
 }
 
 /// `previous_response_id` names nothing this caller can continue.
@@ -45,7 +56,7 @@ pub fn previous_not_found(id: &str, status: u16) -> ApiError {
 
 /// The stored response `id` of `tenant`, counted; a store that fails is a 503.
 pub async fn lookup(state: &AppState, tenant: u64, id: &str) -> Result<Option<Arc<Conversation>>, ApiError> {
-    let found = state.sessions.get(tenant, id).await;
+    let found = state.sessions.responses.get(tenant, id).await;
     store_op(state, "get", found)
 }
 
@@ -82,7 +93,22 @@ impl Turn {
                 },
             },
         };
-        Ok(Turn { req, id: events::new_id("resp_"), tenant, previous })
+        let mut thread = None;
+        let previous = match (&req.conversation, previous) {
+            (Some(id), _) => {
+                let found = store_op(state, "get", state.sessions.threads.get(tenant, id).await)?;
+                let t = found.ok_or_else(|| conversation_not_found(id, missing_status))?;
+                thread = Some((id.clone(), t.read_at()));
+                // The conversation's items stand as the predecessor (its id, the routing key).
+                let c = Conversation::new(id.clone(), tenant, req.model.clone(), None, t.items);
+                Some(Arc::new(match t.tokens {
+                    Some(ids) => c.with_tokens(ids),
+                    None => c,
+                }))
+            }
+            (None, p) => p,
+        };
+        Ok(Turn { req, id: events::new_id("resp_"), tenant, previous, thread })
     }
 
     /// The routing session key: the client's `prompt_cache_key`, else the conversation's first
@@ -201,9 +227,19 @@ pub async fn run(
                 }
             }
             let c = Arc::new(c);
+            if let Some((thread, read)) = &turn.thread {
+                // The turn's items (input with the ids just given, then output) join the
+                // conversation, with the ids of the whole where they were kept.
+                let added = &c.items;
+                let tokens = c.tokens.as_ref().map(|t| (*read, t.as_ref().clone()));
+                let appended = state.sessions.threads.append(turn.tenant, thread, added, tokens).await;
+                if let Ok(false) = store_op(state, "append", appended) {
+                    tracing::debug!(conversation = %thread, "the conversation was deleted during the turn");
+                }
+            }
             if turn.req.store {
-                let _ = store_op(state, "put", state.sessions.put(c.clone()).await);
-                if let Store::Memory(_) = &*state.sessions {
+                let _ = store_op(state, "put", state.sessions.responses.put(c.clone()).await);
+                if state.sessions.in_memory() {
                     let (bytes, _) = state.sessions.usage();
                     state.metrics.session_store_bytes.with_label_values(&["memory"]).set(bytes as i64);
                 }
