@@ -17,6 +17,8 @@ pub struct ConversationConfig {
     pub ttl_s: u64,
     /// Seconds a conversation (`/v1/conversations`) is kept after its last use.
     pub conversation_ttl_s: u64,
+    /// Background responses (`background: true`) one API key may have running at once.
+    pub max_background_per_key: usize,
     /// Redis store: `redis://[:password@]host:port[/db]`.
     pub redis_url: Option<RedisUrl>,
     /// Redis store: the most a command may take, connecting included.
@@ -30,6 +32,7 @@ impl Default for ConversationConfig {
             max_mib: 256,
             ttl_s: 3600,
             conversation_ttl_s: 30 * 86_400,
+            max_background_per_key: 32,
             redis_url: None,
             redis_timeout_ms: 1000,
         }

@@ -116,6 +116,7 @@ pub fn validate(cfg: &Config) -> Result<(), Invalid> {
     positive(sess.key("max_mib"), cfg.session.max_mib)?;
     positive(sess.key("ttl_s"), cfg.session.ttl_s)?;
     positive(sess.key("conversation_ttl_s"), cfg.session.conversation_ttl_s)?;
+    positive(sess.key("max_background_per_key"), cfg.session.max_background_per_key as u64)?;
     positive(sess.key("redis_timeout_ms"), cfg.session.redis_timeout_ms)?;
     let r = root.key("redis");
     let named = [cfg.redis.url.is_some(), !cfg.redis.cluster.is_empty(), !cfg.redis.sentinels.is_empty()];

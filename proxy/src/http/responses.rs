@@ -2,6 +2,8 @@
 //! whose events go out as SSE or, not streaming, as the final response object; a pool that
 //! serves Responses natively gets the request through the pipeline as it is.
 
+use std::sync::Arc;
+
 use async_trait::async_trait;
 use bytes::Bytes;
 use pingora::http::ResponseHeader;
@@ -11,18 +13,23 @@ use warmpath_wire::openai::ApiError;
 
 use super::body::read_client_body;
 use crate::config::ResponsesMode;
-use crate::pipeline::respond::send_error;
+use crate::pipeline::respond::{send_error, send_json};
 use crate::pipeline::{self, Downstream};
 use crate::request::head::Head;
 use crate::request::LlmRoute;
 use crate::responses::events::Event;
+use crate::responses::record::{self, Recorder};
 use crate::responses::request::{self, ResponsesRequest};
 use crate::responses::{self, EventSink, ProxyHeaders, Turn};
-use crate::session::tenant;
+use crate::session::{tenant, Run};
 use crate::state::{AppState, RequestCtx};
 
 /// `POST /v1/responses`.
-pub async fn serve(state: &AppState, session: &mut Session, ctx: &mut RequestCtx) -> pingora::Result<()> {
+pub async fn serve(
+    state: &Arc<AppState>,
+    session: &mut Session,
+    ctx: &mut RequestCtx,
+) -> pingora::Result<()> {
     let Some(body) = read_client_body(state, session, ctx).await? else { return Ok(()) };
     let head = Head::of(session.req_header()).with_key(ctx.key.clone());
     let fields = match request::raw_fields(&body) {
@@ -43,9 +50,72 @@ pub async fn serve(state: &AppState, session: &mut Session, ctx: &mut RequestCtx
         Ok(t) => t,
         Err(e) => return reject(state, session, ctx, &e).await,
     };
+    if turn.req.background {
+        let stream = turn.req.stream;
+        let run = match record::background(state, turn, head) {
+            Ok(r) => r,
+            Err(e) => return reject(state, session, ctx, &e).await,
+        };
+        ctx.status = 200;
+        if stream {
+            return follow(session, &run, 0).await;
+        }
+        let (object, _) = run.response();
+        return send_json(session, 200, Bytes::from(object), &[]).await;
+    }
     let mut sink = HttpSink { session, stream: turn.req.stream, headers: Vec::new() };
-    responses::run(state, &mut sink, ctx, &turn, &head, "http").await?;
-    Ok(())
+    if !turn.req.store {
+        responses::run(state, &mut sink, ctx, &turn, &head, "http").await?;
+        return Ok(());
+    }
+    // A stored response keeps its events, for a client that lost its stream to resume.
+    let run = match record::start_run(state, &turn, false) {
+        Ok(r) => r,
+        Err(e) => return reject(state, session, ctx, &e).await,
+    };
+    let mut recorder = Recorder::new(run.clone(), Some(&mut sink));
+    let result = responses::run(state, &mut recorder, ctx, &turn, &head, "http").await;
+    record::finish(state, &run);
+    result.map(|_| ())
+}
+
+/// SSE as the Responses API writes it: `event: <type>` and `data: <json>` per event.
+fn sse<'a>(events: impl Iterator<Item = (&'a str, &'a str)> + Clone) -> String {
+    let mut out = String::with_capacity(events.clone().map(|(k, j)| k.len() + j.len() + 16).sum());
+    for (kind, json) in events {
+        out.push_str("event: ");
+        out.push_str(kind);
+        out.push_str("\ndata: ");
+        out.push_str(json);
+        out.push_str("\n\n");
+    }
+    out
+}
+
+/// Streams a run's events from index `from` (its `sequence_number`) as they are kept, until it
+/// ends or the client leaves (which leaves the run as it is).
+pub async fn follow(session: &mut Session, run: &Run, from: usize) -> pingora::Result<()> {
+    let mut h = ResponseHeader::build(200, Some(4))?;
+    h.insert_header(http::header::CONTENT_TYPE, "text/event-stream")?;
+    h.insert_header(http::header::TRANSFER_ENCODING, "chunked")?;
+    crate::observe::request_id::stamp(session.req_header(), &mut h);
+    session.write_response_header(Box::new(h), false).await?;
+    let mut at = from;
+    loop {
+        let (events, done) = run.events_from(at);
+        at += events.len();
+        if !events.is_empty() || done {
+            let text = sse(events.iter().map(|e| (e.kind.as_str(), e.json.as_str())));
+            session.write_response_body(Some(Bytes::from(text)), done).await?;
+        }
+        if done {
+            return Ok(());
+        }
+        tokio::select! {
+            () = run.changed(at) => {}
+            () = Downstream::gone(session) => return Ok(()),
+        }
+    }
 }
 
 async fn reject(
@@ -108,15 +178,7 @@ impl EventSink for HttpSink<'_> {
 
     async fn events(&mut self, events: Vec<Event>, last: bool) -> pingora::Result<()> {
         if self.stream {
-            let mut out =
-                String::with_capacity(events.iter().map(|e| e.json.len() + e.kind.len() + 16).sum());
-            for e in &events {
-                out.push_str("event: ");
-                out.push_str(e.kind);
-                out.push_str("\ndata: ");
-                out.push_str(&e.json);
-                out.push_str("\n\n");
-            }
+            let out = sse(events.iter().map(|e| (e.kind, e.json.as_str())));
             return self.session.write_response_body(Some(Bytes::from(out)), last).await;
         }
         if !last {

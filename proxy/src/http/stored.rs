@@ -1,7 +1,9 @@
 //! The Responses routes on what warmpath stored, answered from its conversation store
 //! (`crate::session`, scoped per API key: another key's response is a 404, exactly as an
-//! unknown id): `GET` and `DELETE /v1/responses/{id}`, `GET /v1/responses/{id}/input_items`,
-//! and `POST /v1/responses/input_tokens` (counted with the pool's tokenizer, no backend call).
+//! unknown id): `GET` (whole, or its events streamed again from `starting_after`) and `DELETE
+//! /v1/responses/{id}`, `POST /v1/responses/{id}/cancel` (a background response), `GET
+//! /v1/responses/{id}/input_items`, and `POST /v1/responses/input_tokens` (counted with the
+//! pool's tokenizer, no backend call).
 
 use pingora::proxy::Session;
 use serde_json::json;
@@ -23,6 +25,7 @@ pub enum StoredRoute {
     Delete(String),
     InputItems(String),
     InputTokens,
+    Cancel(String),
 }
 
 /// Names under `/v1/responses/` that are routes, not response ids.
@@ -44,6 +47,8 @@ impl StoredRoute {
             [_] => Err("GET, DELETE"),
             [id, "input_items"] if get && !id.is_empty() => Ok(StoredRoute::InputItems(id.to_owned())),
             [_, "input_items"] => Err("GET"),
+            [id, "cancel"] if post && !id.is_empty() => Ok(StoredRoute::Cancel(id.to_owned())),
+            [_, "cancel"] => Err("POST"),
             _ => return None,
         })
     }
@@ -60,6 +65,7 @@ impl StoredRoute {
             StoredRoute::Delete(_) => "responses_delete",
             StoredRoute::InputItems(_) => "responses_input_items",
             StoredRoute::InputTokens => "responses_input_tokens",
+            StoredRoute::Cancel(_) => "responses_cancel",
         }
     }
 }
@@ -75,7 +81,18 @@ pub async fn serve(
     let tenant = tenant(head.owner());
     let pairs = query::pairs(session.req_header().uri.query());
     let answer = match &route {
-        StoredRoute::Retrieve(id) => retrieve(state, tenant, id, &pairs).await,
+        StoredRoute::Retrieve(id) => match resume_from(&pairs) {
+            Ok(Some(from)) => match state.sessions.runs.get(tenant, id) {
+                Some(run) => {
+                    ctx.status = 200;
+                    return super::responses::follow(session, &run, from).await;
+                }
+                None => Err(no_events(state, tenant, id).await),
+            },
+            Ok(None) => retrieve(state, tenant, id).await,
+            Err(e) => Err(e),
+        },
+        StoredRoute::Cancel(id) => cancel(state, tenant, id).await,
         StoredRoute::Delete(id) => delete(state, tenant, id).await,
         StoredRoute::InputItems(id) => input_items(state, tenant, id, &pairs).await,
         StoredRoute::InputTokens => {
@@ -91,25 +108,72 @@ pub fn not_found(id: &str) -> ApiError {
     ApiError::not_found(format!("Response with id '{id}' not found.")).with_code("response_not_found")
 }
 
-async fn retrieve(
-    state: &AppState,
-    tenant: u64,
-    id: &str,
-    q: &[(String, String)],
-) -> Result<String, ApiError> {
-    if q.iter().any(|(k, v)| k == "stream" && v == "true") {
-        return Err(ApiError::invalid_param(
-            "streaming a stored response again (`stream=true`) is not served: retrieve it whole",
+/// `stream=true`: the index of the first event to send (`starting_after` + 1, else 0);
+/// `None` when not streaming.
+fn resume_from(q: &[(String, String)]) -> Result<Option<usize>, ApiError> {
+    let value = |k: &str| q.iter().find(|(n, _)| n == k).map(|(_, v)| v.as_str());
+    if value("stream") != Some("true") {
+        return Ok(None);
+    }
+    match value("starting_after") {
+        None => Ok(Some(0)),
+        Some(n) => n.parse::<usize>().map(|n| Some(n + 1)).map_err(|_| {
+            ApiError::invalid_param("`starting_after` must be a sequence number", "starting_after")
+        }),
+    }
+}
+
+/// A stream asked of a response whose events this process does not keep.
+async fn no_events(state: &AppState, tenant: u64, id: &str) -> ApiError {
+    match responses::lookup(state, tenant, id).await {
+        Ok(Some(_)) => ApiError::invalid_param(
+            "this response's events are not kept here (made by another replica, or kept past their time): retrieve it without `stream`",
             "stream",
-        ));
+        ),
+        Ok(None) => not_found(id),
+        Err(e) => e,
+    }
+}
+
+/// A background response's object as it stands (from its run), else the stored response's.
+async fn retrieve(state: &AppState, tenant: u64, id: &str) -> Result<String, ApiError> {
+    if let Some(run) = state.sessions.runs.get(tenant, id).filter(|r| r.background) {
+        return Ok(run.response().0);
     }
     let c = responses::lookup(state, tenant, id).await?.ok_or_else(|| not_found(id))?;
     c.response.clone().ok_or_else(|| not_found(id))
 }
 
+/// Cancels a background response still running (its backend call dropped); one that ended is
+/// returned as it ended.
+async fn cancel(state: &AppState, tenant: u64, id: &str) -> Result<String, ApiError> {
+    match state.sessions.runs.get(tenant, id) {
+        Some(run) if run.background => {
+            let (object, cancelled) = run.cancel();
+            if cancelled {
+                state.metrics.responses_turns.with_label_values(&["background", "cancelled"]).inc();
+                state.sessions.runs.ended(&run);
+            }
+            Ok(object)
+        }
+        _ => match responses::lookup(state, tenant, id).await? {
+            Some(_) => Err(ApiError::invalid_param(
+                "only responses created with background=true can be cancelled",
+                "response_id",
+            )),
+            None => Err(not_found(id)),
+        },
+    }
+}
+
 async fn delete(state: &AppState, tenant: u64, id: &str) -> Result<String, ApiError> {
+    let run = state.sessions.runs.get(tenant, id);
+    if let Some(r) = &run {
+        r.cancel();
+        state.sessions.runs.forget(id);
+    }
     let found = store_op(state, "delete", state.sessions.responses.delete(tenant, id).await)?;
-    if !found {
+    if !found && run.is_none() {
         return Err(not_found(id));
     }
     Ok(json!({"id": id, "object": "response", "deleted": true}).to_string())

@@ -12,6 +12,7 @@
 //! - `builder`: chat chunks → Responses events and the response object; `events`: what goes out;
 //! - `count`: a turn's prompt tokens counted without a backend (`input_tokens`);
 //! - `list`: stored items in OpenAI's list pages;
+//! - `record`: a response's events kept while it runs; background responses;
 //! - `translate`: the [`Downstream`](crate::pipeline::Downstream) that does it on the fly,
 //!   writing to an [`EventSink`] (HTTP in `http::responses`, WebSocket in `ws`).
 
@@ -20,6 +21,7 @@ mod chat;
 mod count;
 pub mod events;
 pub mod list;
+pub mod record;
 pub mod request;
 pub mod translate;
 mod turn;

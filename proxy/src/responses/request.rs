@@ -53,6 +53,8 @@ pub struct ResponsesRequest {
     /// Keep the response for later `previous_response_id` (OpenAI's default: true).
     pub store: bool,
     pub stream: bool,
+    /// Run detached from the request (`GET` polls it, `cancel` stops it).
+    pub background: bool,
     /// WebSocket warm-up (`generate: false`): a response id to chain from, no output.
     pub generate: bool,
     /// Function tools in the Responses form, as their JSON text: a hundred schemas are most of
@@ -197,9 +199,18 @@ impl ResponsesRequest {
             )
             .with_code("mutually_exclusive_parameters"));
         }
+        let background = opt_bool(o, "background")?.unwrap_or(false);
+        if background && (event || opt_bool(o, "store")? == Some(false)) {
+            let why = if event { "over a WebSocket" } else { "with store=false" };
+            return Err(ApiError::invalid_param(
+                format!("background mode is not available {why}"),
+                "background",
+            ));
+        }
         Ok(ResponsesRequest {
             model,
             conversation,
+            background,
             input,
             instructions: opt_str(o, "instructions")?,
             previous_response_id: opt_str(o, "previous_response_id")?,

@@ -4,9 +4,13 @@
 //! (`store = "redis"`: one server, a cluster or Sentinel), so a client may continue on any
 //! warmpath replica sharing the server.
 //!
+//! Runs (`background.rs`): background responses and the events of stored responses, for
+//! `GET` while they run, resuming a stream, and `cancel`; in this process only.
+//!
 //! Everything belongs to the API key that made it (the `Authorization` header, hashed): a
 //! lookup with another key finds nothing, exactly as an unknown id.
 
+mod background;
 mod responses;
 mod threads;
 
@@ -15,6 +19,7 @@ use std::time::Duration;
 
 use xxhash_rust::xxh3::xxh3_64_with_seed;
 
+pub use background::{Background, Logged, Run, TooMany};
 pub use responses::{Conversation, Responses};
 pub use threads::{ReadAt, Thread, ThreadMeta, Threads};
 
@@ -35,10 +40,12 @@ pub enum StoreError {
     Redis(#[from] SharedError),
 }
 
-/// Stored responses and conversations, kept the same way.
+/// Stored responses and conversations, kept the same way, and this process's runs (background
+/// responses, kept events).
 pub struct Store {
     pub responses: Responses,
     pub threads: Threads,
+    pub runs: Background,
 }
 
 impl Store {
@@ -46,16 +53,19 @@ impl Store {
     pub fn new(cfg: &ConversationConfig, redis: Option<&Arc<Shared>>) -> Result<Store, String> {
         let ttl = Duration::from_secs(cfg.ttl_s);
         let threads_ttl = Duration::from_secs(cfg.conversation_ttl_s);
+        let runs = Background::new(cfg.max_mib << 20, ttl, cfg.max_background_per_key);
         match cfg.store {
             StoreKind::Memory => Ok(Store {
                 responses: Responses::memory(cfg.max_mib << 20, ttl),
                 threads: Threads::memory(cfg.max_mib << 20, threads_ttl),
+                runs,
             }),
             StoreKind::Redis => {
                 let client = redis.ok_or("store = \"redis\" needs a [redis] server")?.clone();
                 Ok(Store {
                     responses: Responses::Redis { client: client.clone(), ttl },
                     threads: Threads::redis(client, threads_ttl),
+                    runs,
                 })
             }
         }
