@@ -90,11 +90,12 @@ fn the_openai_sdk_runs_a_tool_calling_conversation_over_websocket_and_http() {
 }
 
 /// The SDK's own calls on stored responses: `retrieve`, `input_items.list` (auto-paged),
-/// `input_tokens.count` (equal to the usage the next call reports), `delete`; another key sees
+/// `input_tokens.count` (equal to the usage the next call reports), `cancel` of a background
+/// response, `retrieve(stream=True, starting_after=…)`, `compact`, `delete`; another key sees
 /// nothing.
 #[test]
 fn the_openai_sdk_retrieves_lists_counts_and_deletes_stored_responses() {
-    let e = Engine::sim("m", &[]);
+    let e = Engine::sim("m", &["--sim-itl-ms", "20"]);
     let proxy = Proxy::start(&policy("", "[pools.canon]\ntokenizer = \"wp32k\"", &["m"], &[("e0", e.url())]));
     let v = run_script("openai_responses_api.py", &format!("http://{}/v1", proxy.addr), "m", &[]);
     assert!(v["reported"].as_u64().unwrap_or(0) > 0, "{v}");
@@ -111,6 +112,14 @@ fn the_openai_sdk_retrieves_lists_counts_and_deletes_stored_responses() {
         "{v}"
     );
     assert_eq!(v["items_asc_first"], "Say hello.", "{v}");
+    assert_eq!(
+        (v["bg_status"].as_str(), v["cancelled"].as_str(), v["after_cancel"].as_str()),
+        (Some("queued"), Some("cancelled"), Some("cancelled")),
+        "{v}"
+    );
+    assert_eq!(v["resumed"], serde_json::json!([3, "response.incomplete"]), "{v}");
+    assert_eq!(v["compacted"], serde_json::json!(["message", "message", "compaction"]), "{v}");
+    assert_eq!(v["after_compact"], "incomplete", "{v}");
     assert_eq!(
         (v["other_key"].as_str(), v["after_delete"].as_str()),
         (Some("not found"), Some("not found")),

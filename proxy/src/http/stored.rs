@@ -2,8 +2,8 @@
 //! (`crate::session`, scoped per API key: another key's response is a 404, exactly as an
 //! unknown id): `GET` (whole, or its events streamed again from `starting_after`) and `DELETE
 //! /v1/responses/{id}`, `POST /v1/responses/{id}/cancel` (a background response), `GET
-//! /v1/responses/{id}/input_items`, and `POST /v1/responses/input_tokens` (counted with the
-//! pool's tokenizer, no backend call).
+//! /v1/responses/{id}/input_items`, `POST /v1/responses/input_tokens` (counted with the
+//! pool's tokenizer, no backend call) and `POST /v1/responses/compact`.
 
 use pingora::proxy::Session;
 use serde_json::json;
@@ -25,6 +25,7 @@ pub enum StoredRoute {
     Delete(String),
     InputItems(String),
     InputTokens,
+    Compact,
     Cancel(String),
 }
 
@@ -41,6 +42,8 @@ impl StoredRoute {
         Some(match rest.split('/').collect::<Vec<_>>()[..] {
             ["input_tokens"] if post => Ok(StoredRoute::InputTokens),
             ["input_tokens"] => Err("POST"),
+            ["compact"] if post => Ok(StoredRoute::Compact),
+            ["compact"] => Err("POST"),
             [id] if RESERVED.contains(&id) || id.is_empty() => return None,
             [id] if get => Ok(StoredRoute::Retrieve(id.to_owned())),
             [id] if delete => Ok(StoredRoute::Delete(id.to_owned())),
@@ -55,7 +58,7 @@ impl StoredRoute {
 
     /// Whether the route reads a request body.
     pub fn reads_body(&self) -> bool {
-        matches!(self, StoredRoute::InputTokens)
+        matches!(self, StoredRoute::InputTokens | StoredRoute::Compact)
     }
 
     /// The `route` metric label.
@@ -66,6 +69,7 @@ impl StoredRoute {
             StoredRoute::InputItems(_) => "responses_input_items",
             StoredRoute::InputTokens => "responses_input_tokens",
             StoredRoute::Cancel(_) => "responses_cancel",
+            StoredRoute::Compact => "responses_compact",
         }
     }
 }
@@ -98,6 +102,10 @@ pub async fn serve(
         StoredRoute::InputTokens => {
             let Some(body) = read_client_body(state, session, ctx).await? else { return Ok(()) };
             input_tokens(state, ctx, tenant, &body).await
+        }
+        StoredRoute::Compact => {
+            let Some(body) = read_client_body(state, session, ctx).await? else { return Ok(()) };
+            responses::compact::compact(state, ctx, &head, tenant, &body).await.map(|v| v.to_string())
         }
     };
     super::reply(session, ctx, answer).await

@@ -68,8 +68,34 @@ pub(super) fn check_item(item: &Value) -> Result<(), String> {
         }
         // Reasoning carries nothing a chat backend can take back; it is dropped.
         Some("reasoning") => Ok(()),
+        Some("compaction") => match o.get("encrypted_content").and_then(Value::as_str).map(summary_of) {
+            Some(Some(_)) => Ok(()),
+            _ => Err("a compaction item's `encrypted_content` is not one warmpath made".into()),
+        },
         Some(k) => Err(format!("input item type {k:?} is not supported")),
     }
+}
+
+/// What a compaction item's `encrypted_content` starts with: warmpath's own, version 1.
+const COMPACTION_TAG: &str = "wpc1.";
+
+/// How a summary of compacted items is shown to the model.
+pub const COMPACTED_HEADER: &str = "Summary of the earlier conversation:";
+
+/// A compaction item's `encrypted_content` for `summary`. Opaque to clients as OpenAI's is;
+/// not encrypted: a self-hosted backend's caller owns the conversation it summarizes.
+pub fn compaction_content(summary: &str) -> String {
+    use base64::Engine as _;
+    format!("{COMPACTION_TAG}{}", base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(summary))
+}
+
+/// The summary in a compaction item's `encrypted_content`, if warmpath made it.
+fn summary_of(content: &str) -> Option<String> {
+    use base64::Engine as _;
+    let b = base64::engine::general_purpose::URL_SAFE_NO_PAD
+        .decode(content.strip_prefix(COMPACTION_TAG)?)
+        .ok()?;
+    String::from_utf8(b).ok()
 }
 
 /// The text of a content value: a string, or the text parts of an array joined.
@@ -149,6 +175,18 @@ pub(super) fn push_item(messages: &mut Vec<Value>, item: &Value) -> Result<(), A
             messages.push(json!({"role": "tool", "tool_call_id": id, "content": text}));
         }
         "reasoning" => {}
+        // What compaction left of older items: the model's own summary of them, where the
+        // items stood (after the system turn, so instructions and tools stay the cached prefix).
+        "compaction" => {
+            let raw = item.get("encrypted_content").and_then(Value::as_str).unwrap_or("");
+            let summary = summary_of(raw).ok_or_else(|| {
+                ApiError::invalid_param(
+                    "a compaction item's `encrypted_content` is not one warmpath made",
+                    "input",
+                )
+            })?;
+            messages.push(json!({"role": "assistant", "content": format!("{COMPACTED_HEADER}\n{summary}")}));
+        }
         k => return Err(ApiError::invalid_param(format!("input item type {k:?} is not supported"), "input")),
     }
     Ok(())

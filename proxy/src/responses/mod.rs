@@ -10,6 +10,7 @@
 //! - `request`: the request's fields, and the chat or completion request a turn becomes;
 //! - `chat`: items and tools in the Chat Completions form;
 //! - `builder`: chat chunks → Responses events and the response object; `events`: what goes out;
+//! - `compact`: a conversation compacted into a summary item by the pool's own model;
 //! - `count`: a turn's prompt tokens counted without a backend (`input_tokens`);
 //! - `list`: stored items in OpenAI's list pages;
 //! - `record`: a response's events kept while it runs; background responses;
@@ -18,6 +19,7 @@
 
 mod builder;
 mod chat;
+pub mod compact;
 mod count;
 pub mod events;
 pub mod list;

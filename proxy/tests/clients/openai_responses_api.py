@@ -1,6 +1,8 @@
 """The official openai SDK's calls on stored responses, unchanged, against warmpath:
 `responses.retrieve`, `responses.input_items.list` (paged by the SDK's own iterator),
-`responses.input_tokens.count`, `responses.delete`, and another API key finding none of it.
+`responses.input_tokens.count`, `responses.delete`, background responses with `responses.cancel`,
+a stream resumed with `responses.retrieve(stream=True, starting_after=N)`, `responses.compact`,
+and another API key finding none of it.
 Prints one JSON line of findings.
 
 Usage: openai_responses_api.py BASE_URL MODEL
@@ -36,6 +38,24 @@ try:
     out["other_key"] = "found"
 except openai.NotFoundError:
     out["other_key"] = "not found"
+
+# Background: created queued, cancelled while it runs.
+bg = client.responses.create(model=model, input="A long story, please.", background=True, max_output_tokens=400)
+out["bg_status"] = bg.status
+out["cancelled"] = client.responses.cancel(bg.id).status
+out["after_cancel"] = client.responses.retrieve(bg.id).status
+
+# A stored response's events, streamed again after sequence number 2.
+resumed = list(client.responses.retrieve(second.id, stream=True, starting_after=2))
+out["resumed"] = [resumed[0].sequence_number, resumed[-1].type]
+
+# Compaction, then a turn over the compacted items.
+compacted = client.responses.compact(model=model, previous_response_id=second.id, instructions="Be brief.",
+                                     extra_body={"max_output_tokens": 16})
+out["compacted"] = [i.type for i in compacted.output]
+third = client.responses.create(model=model, instructions="Be brief.", max_output_tokens=4,
+                                input=[*compacted.output, {"role": "user", "content": "Thanks."}])
+out["after_compact"] = third.status
 
 client.responses.delete(first.id)
 try:
