@@ -209,3 +209,64 @@ fn another_replica_serves_the_stored_routes_through_redis() {
     keyed(b.addr, "k1", "DELETE", &format!("/v1/responses/{id}"), None).ok();
     assert_eq!(keyed(a.addr, "k1", "GET", &format!("/v1/responses/{id}"), None).status, 404);
 }
+
+/// `truncation: "auto"`: a conversation grown past the pool's context leaves its oldest items
+/// out of the prompt, as few as it takes (here the first question; the prompt starts at the
+/// first answer), and says how many; the store keeps them. Without it, the same turn is a 400
+/// `context_length_exceeded`.
+#[test]
+fn truncation_auto_leaves_the_oldest_turns_out_of_a_prompt_that_does_not_fit() {
+    let e = Engine::sim("m", &[]);
+    let proxy =
+        Proxy::start(&policy("", &format!("max_model_len = 400\n{WP32K}"), &["m"], &[("e0", e.url())]));
+    let words = |w: &str| vec![w; 120].join(" ");
+    let r1 = keyed(
+        proxy.addr,
+        "k1",
+        "POST",
+        "/v1/responses",
+        Some(&json!({"model": "m", "input": words("apple"), "max_output_tokens": 8})),
+    )
+    .ok();
+    let r2 = keyed(proxy.addr, "k1", "POST", "/v1/responses",
+                   Some(&json!({"model": "m", "previous_response_id": r1["id"], "input": words("apple"), "max_output_tokens": 8}))).ok();
+    // Each question is some 120 tokens: two turns fit, three do not.
+    let (a, b) = (
+        r1["usage"]["input_tokens"].as_u64().unwrap_or(0),
+        r2["usage"]["input_tokens"].as_u64().unwrap_or(0),
+    );
+    assert!(a > 100 && b + 8 <= 400 && b + (b - a) + 8 > 400, "{a} then {b}");
+    let third = |truncation: &str| json!({"model": "m", "previous_response_id": r2["id"], "input": words("apple"), "max_output_tokens": 8, "truncation": truncation});
+    let refused = keyed(proxy.addr, "k1", "POST", "/v1/responses", Some(&third("disabled")));
+    assert_eq!(
+        (refused.status, refused.json()["error"]["code"].as_str()),
+        (400, Some("context_length_exceeded")),
+        "{}",
+        refused.text()
+    );
+    let r3 = keyed(proxy.addr, "k1", "POST", "/v1/responses", Some(&third("auto"))).ok();
+    assert_eq!(
+        (r3["truncation"].as_str(), r3["metadata"]["warmpath_truncated_items"].as_str()),
+        (Some("auto"), Some("1")),
+        "{r3}"
+    );
+    let used = r3["usage"]["input_tokens"].as_u64().unwrap_or(0);
+    assert!(used + 8 <= 400 && used > b - a, "the prompt fits, with the second turn in it: {used}");
+    let items = keyed(
+        proxy.addr,
+        "k1",
+        "GET",
+        &format!("/v1/responses/{}/input_items", r3["id"].as_str().unwrap_or("")),
+        None,
+    )
+    .ok();
+    assert_eq!(items["data"].as_array().map(Vec::len), Some(5), "the store keeps every item: {items}");
+    let r = keyed(
+        proxy.addr,
+        "k1",
+        "POST",
+        "/v1/responses",
+        Some(&json!({"model": "m", "input": "x", "truncation": "sometimes"})),
+    );
+    assert_eq!(r.status, 400);
+}

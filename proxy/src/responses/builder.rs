@@ -64,6 +64,7 @@ impl Builder {
         echo.insert("top_p".into(), json!(req.top_p.unwrap_or(1.0)));
         echo.insert("store".into(), json!(req.store));
         echo.insert("background".into(), json!(req.background));
+        echo.insert("truncation".into(), json!(if req.truncation_auto { "auto" } else { "disabled" }));
         echo.insert("text".into(), req.text.clone().unwrap_or(json!({"format": {"type": "text"}})));
         echo.insert("prompt_cache_key".into(), json!(req.prompt_cache_key));
         echo.insert("user".into(), json!(req.user));

@@ -18,7 +18,7 @@ use super::events::{give_id, new_id, Event};
 use super::list::shown;
 use super::request::{self, ResponsesRequest};
 use super::translate::{EventSink, ProxyHeaders};
-use super::turn::{self, Turn};
+use super::turn::Turn;
 use crate::request::head::Head;
 use crate::session::Conversation;
 use crate::state::{AppState, RequestCtx};
@@ -112,9 +112,9 @@ pub async fn compact(
     req.background = false;
     req.max_output_tokens = Some(req.max_output_tokens.map_or(SUMMARY_TOKENS, |n| n.min(SUMMARY_TOKENS)));
     let summary_turn =
-        Turn { req, id: new_id("resp_"), tenant, previous: Some(Arc::new(history)), thread: None };
+        Turn { req, id: new_id("resp_"), tenant, previous: Some(Arc::new(history)), thread: None, skip: 0 };
     let mut sink = Collect::default();
-    turn::run(state, &mut sink, ctx, &summary_turn, head, "compact")
+    super::run::run(state, &mut sink, ctx, &summary_turn, head, "compact")
         .await
         .map_err(|e| ApiError::internal(format!("compaction failed: {e}")))?;
     if let Some((status, body)) = sink.error {

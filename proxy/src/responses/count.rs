@@ -13,7 +13,12 @@ use crate::state::Pool;
 
 /// The `response.input_tokens` object for `turn` on `pool`.
 pub fn input_tokens(pool: &Pool, turn: &Turn) -> Result<serde_json::Value, ApiError> {
-    let n = if by_tokens(pool, &turn.req) {
+    Ok(json!({"object": "response.input_tokens", "input_tokens": prompt_tokens(pool, turn)?}))
+}
+
+/// Tokens of the prompt `turn` sends to `pool`'s backends.
+pub fn prompt_tokens(pool: &Pool, turn: &Turn) -> Result<usize, ApiError> {
+    Ok(if by_tokens(pool, &turn.req) {
         let ids = conversation_tokens(&pool.canon, turn)?;
         pool.canon.token_prompt(turn.req.instructions.as_deref(), &turn.req.chat_tools())?.ids(&ids).len()
     } else {
@@ -24,11 +29,9 @@ pub fn input_tokens(pool: &Pool, turn: &Turn) -> Result<serde_json::Value, ApiEr
             ))
             .with_code("tokenizer_unavailable"));
         }
-        let history = turn.previous.as_ref().map_or_else(Vec::new, |p| p.all_items());
-        let body = turn.req.to_chat(&history)?;
+        let body = turn.req.to_chat(&turn.history())?;
         let req = LlmRequest::parse(LlmRoute::Chat, body.as_bytes())?;
         let prepared = pool.canon.prepare(&req, true)?;
         prepared.blocks.map_or(0, |b| b.units)
-    };
-    Ok(json!({"object": "response.input_tokens", "input_tokens": n}))
+    })
 }

@@ -6,7 +6,7 @@
 //! conversation, with the turn's output, is stored under the new response id for
 //! `previous_response_id` (`crate::session`).
 //!
-//! - `turn`: a turn from its stored conversation to the stored result;
+//! - `turn`: a turn prepared from its stored conversation; `run`: run, and its result stored;
 //! - `request`: the request's fields, and the chat or completion request a turn becomes;
 //! - `chat`: items and tools in the Chat Completions form;
 //! - `builder`: chat chunks → Responses events and the response object; `events`: what goes out;
@@ -14,6 +14,7 @@
 //! - `count`: a turn's prompt tokens counted without a backend (`input_tokens`);
 //! - `list`: stored items in OpenAI's list pages;
 //! - `record`: a response's events kept while it runs; background responses;
+//! - `truncate`: the oldest items left out of a prompt that does not fit (`truncation: "auto"`);
 //! - `translate`: the [`Downstream`](crate::pipeline::Downstream) that does it on the fly,
 //!   writing to an [`EventSink`] (HTTP in `http::responses`, WebSocket in `ws`).
 
@@ -25,9 +26,12 @@ pub mod events;
 pub mod list;
 pub mod record;
 pub mod request;
+mod run;
 pub mod translate;
+mod truncate;
 mod turn;
 
 pub use count::input_tokens;
+pub use run::run;
 pub use translate::{EventSink, ProxyHeaders, Translator};
-pub use turn::{conversation_not_found, lookup, previous_not_found, run, store_op, Turn};
+pub use turn::{conversation_not_found, lookup, previous_not_found, store_op, Turn};

@@ -14,7 +14,7 @@ use warmpath_wire::openai::ApiError;
 use super::builder::Builder;
 use super::events::Event;
 use super::translate::{EventSink, ProxyHeaders};
-use super::turn::{self, Turn};
+use super::turn::Turn;
 use crate::request::head::Head;
 use crate::session::{Logged, Run};
 use crate::state::{AppState, RequestCtx};
@@ -107,7 +107,7 @@ pub fn background(state: &Arc<AppState>, turn: Turn, head: Head) -> Result<Arc<R
         let mut ctx = RequestCtx::new();
         ctx.route = "responses";
         let mut sink = Recorder::new(task_run.clone(), None);
-        let _ = turn::run(&state, &mut sink, &mut ctx, &turn, &head, "background").await;
+        let _ = super::run::run(&state, &mut sink, &mut ctx, &turn, &head, "background").await;
         finish(&state, &task_run);
     });
     run.set_abort(task.abort_handle());

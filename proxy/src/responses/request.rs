@@ -55,6 +55,8 @@ pub struct ResponsesRequest {
     pub stream: bool,
     /// Run detached from the request (`GET` polls it, `cancel` stops it).
     pub background: bool,
+    /// `truncation: "auto"`: the oldest items are left out of a prompt that does not fit.
+    pub truncation_auto: bool,
     /// WebSocket warm-up (`generate: false`): a response id to chain from, no output.
     pub generate: bool,
     /// Function tools in the Responses form, as their JSON text: a hundred schemas are most of
@@ -207,10 +209,22 @@ impl ResponsesRequest {
                 "background",
             ));
         }
+        let truncation_auto = match o.get("truncation") {
+            None | Some(Value::Null) => false,
+            Some(Value::String(t)) if t == "auto" => true,
+            Some(Value::String(t)) if t == "disabled" => false,
+            Some(_) => {
+                return Err(ApiError::invalid_param(
+                    "`truncation` must be \"auto\" or \"disabled\"",
+                    "truncation",
+                ))
+            }
+        };
         Ok(ResponsesRequest {
             model,
             conversation,
             background,
+            truncation_auto,
             input,
             instructions: opt_str(o, "instructions")?,
             previous_response_id: opt_str(o, "previous_response_id")?,
