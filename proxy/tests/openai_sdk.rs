@@ -79,6 +79,7 @@ fn the_openai_sdk_runs_a_tool_calling_conversation_over_websocket_and_http() {
     );
     assert!(v["ws_cached"].as_u64().unwrap_or(0) > 0, "{v}");
     assert_eq!(v["ws_error_code"], "previous_response_not_found", "{v}");
+    assert_eq!(v["ws_lanes"], serde_json::json!(["left", "right"]), "{v}");
     assert_eq!(
         (v["http_call"].as_str(), v["http_final"].as_str()),
         (Some("get_weather"), Some("It will be sunny.")),

@@ -325,26 +325,37 @@ fn sigterm_lets_the_response_in_flight_finish_then_closes_with_1012() {
 
 #[test]
 fn a_warm_up_gives_an_id_to_chain_from_and_no_output() {
-    let e = Engine::sim("m", &[]);
-    let proxy = Proxy::start(&policy("", "", &["m"], &[("e0", e.url())]));
-    let mut ws = Ws::connect(proxy.addr, &[]);
-    ws.send_json(&json!({"type": "response.create", "model": "m", "generate": false,
-                         "instructions": "You are terse.", "input": "Remember the number 42."}));
-    let warm = ws.turn();
-    assert_eq!(kinds(&warm), ["response.created", "response.in_progress", "response.completed"], "{warm:?}");
-    let done = &terminal(&warm)["response"];
-    assert_eq!(done["output"], json!([]), "{done}");
-    let running = metric(&e.metrics(), "vllm:request_success_total").unwrap_or(0.0);
-    assert_eq!(running, 0.0, "a warm-up does not reach the engine");
-    ws.send_json(&json!({"type": "response.create", "model": "m", "previous_response_id": done["id"],
-                         "input": "Which number?", "max_output_tokens": 4}));
-    let next = ws.turn();
-    let r = &terminal(&next)["response"];
-    assert_eq!(r["status"], "incomplete", "{next:?}");
-    assert!(
-        r["usage"]["input_tokens"].as_u64().unwrap_or(0) > 10,
-        "the warm-up's input is in the prompt: {r}"
-    );
+    // Chat requests, and token ids (where the pool renders prompts as its engines); routed by
+    // what each engine holds.
+    for pool in ["policy = \"cache_aware\"", "policy = \"cache_aware\"\n[pools.canon]\ntokenizer = \"wp32k\""]
+    {
+        let (e0, e1) = (Engine::sim("m", &[]), Engine::sim("m", &[]));
+        let proxy = Proxy::start(&policy("", pool, &["m"], &[("e0", e0.url()), ("e1", e1.url())]));
+        let mut ws = Ws::connect(proxy.addr, &[]);
+        let system = "You are terse. ".repeat(40);
+        ws.send_json(&json!({"type": "response.create", "model": "m", "generate": false,
+                             "instructions": system, "input": "Remember the number 42."}));
+        let warm = ws.turn();
+        assert_eq!(
+            kinds(&warm),
+            ["response.created", "response.in_progress", "response.completed"],
+            "{warm:?}"
+        );
+        let done = &terminal(&warm)["response"];
+        assert_eq!(done["output"], json!([]), "{done}");
+        // The warm-up prefilled its prompt on one engine (one token, thrown away).
+        let prompts = |e: &Engine| metric(&e.metrics(), "vllm:prompt_tokens_total").unwrap_or(0.0);
+        let warmed = prompts(&e0) + prompts(&e1);
+        assert!(warmed > 100.0, "{pool}: the warm-up reached an engine ({warmed} prompt tokens)");
+        ws.send_json(&json!({"type": "response.create", "model": "m", "previous_response_id": done["id"],
+                             "instructions": system, "input": "Which number?", "max_output_tokens": 4}));
+        let next = ws.turn();
+        let r = &terminal(&next)["response"];
+        assert_eq!(r["status"], "incomplete", "{next:?}");
+        // The first real turn went where the warm-up was, and read its prompt from the cache.
+        let cached = r["usage"]["input_tokens_details"]["cached_tokens"].as_u64().unwrap_or(0);
+        assert!(cached as f64 >= warmed * 0.8, "{pool}: {cached} of the warmed {warmed} tokens cached: {r}");
+    }
 }
 
 /// A client that stops reading while a long answer streams: the proxy stops reading the backend

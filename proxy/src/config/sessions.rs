@@ -65,9 +65,11 @@ pub struct WebSocketConfig {
     pub max_age_s: u64,
     /// Seconds between the server's pings.
     pub ping_interval_s: u64,
-    /// `response.create` events waiting behind the one in flight; one more is refused with an
-    /// error event.
+    /// `response.create` events waiting behind the one in flight on a lane (`stream_id`); one
+    /// more is refused with an error event.
     pub max_queued: usize,
+    /// Lanes (`stream_id`) of one connection running or waiting at once.
+    pub max_streams: usize,
 }
 
 impl Default for WebSocketConfig {
@@ -80,6 +82,7 @@ impl Default for WebSocketConfig {
             max_age_s: 3600,
             ping_interval_s: 30,
             max_queued: 16,
+            max_streams: 16,
         }
     }
 }

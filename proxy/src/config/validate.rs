@@ -159,6 +159,7 @@ pub fn validate(cfg: &Config) -> Result<(), Invalid> {
     let ws = root.key("websocket");
     positive(ws.key("max_message_kib"), cfg.websocket.max_message_kib)?;
     positive(ws.key("max_connections"), cfg.websocket.max_connections as u64)?;
+    positive(ws.key("max_streams"), cfg.websocket.max_streams as u64)?;
     positive(ws.key("idle_timeout_s"), cfg.websocket.idle_timeout_s)?;
     positive(ws.key("max_age_s"), cfg.websocket.max_age_s)?;
     positive(ws.key("ping_interval_s"), cfg.websocket.ping_interval_s)?;

@@ -8,16 +8,14 @@
 
 use std::sync::Arc;
 
-use async_trait::async_trait;
-use bytes::Bytes;
 use serde_json::{json, Value};
 use warmpath_wire::openai::ApiError;
 
 use super::chat::compaction_content;
-use super::events::{give_id, new_id, Event};
+use super::events::{give_id, new_id};
 use super::list::shown;
 use super::request::{self, ResponsesRequest};
-use super::translate::{EventSink, ProxyHeaders};
+use super::translate::Collect;
 use super::turn::Turn;
 use crate::request::head::Head;
 use crate::session::Conversation;
@@ -32,37 +30,6 @@ const SUMMARIZE: &str = "Summarize the conversation so far for yourself, to cont
 without the messages above: the user's goals and constraints, what was done and found (tool \
 calls and their results that matter), decisions made, and what is left to do. Write only the \
 summary.";
-
-/// A client that keeps the final response object.
-#[derive(Default)]
-struct Collect {
-    response: Option<Value>,
-    error: Option<(u16, Bytes)>,
-}
-
-#[async_trait]
-impl EventSink for Collect {
-    async fn begin(&mut self, _headers: &ProxyHeaders) -> pingora::Result<()> {
-        Ok(())
-    }
-
-    async fn events(&mut self, events: Vec<Event>, last: bool) -> pingora::Result<()> {
-        if last {
-            self.response =
-                events.last().and_then(Event::response).and_then(|r| serde_json::from_str(r).ok());
-        }
-        Ok(())
-    }
-
-    async fn error(&mut self, status: u16, body: Bytes, _headers: &ProxyHeaders) -> pingora::Result<()> {
-        self.error = Some((status, body));
-        Ok(())
-    }
-
-    async fn gone(&mut self) {
-        std::future::pending().await
-    }
-}
 
 /// Compacts the conversation a request names (`previous_response_id` and/or `input`):
 /// the `response.compaction` object.

@@ -245,6 +245,11 @@ impl ResponsesRequest {
         })
     }
 
+    /// The request a warm-up sends its backend: the same prompt, one token asked for.
+    pub fn warm_up(&self) -> ResponsesRequest {
+        ResponsesRequest { max_output_tokens: Some(1), generate: true, ..self.clone() }
+    }
+
     /// The Chat Completions request for this turn over `history` (the stored conversation's
     /// items) and the new input. Always streamed, with usage, whatever the client asked: the
     /// translation reads one form.

@@ -10,7 +10,7 @@ use bytes::Bytes;
 use super::builder::Builder;
 use super::events::Outcome;
 use super::request;
-use super::translate::{EventSink, Translator};
+use super::translate::{Collect, EventSink, Translator};
 use super::turn::{by_tokens, conversation_tokens, store_op, Turn};
 use crate::pipeline;
 use crate::pipeline::respond::send_error;
@@ -74,6 +74,13 @@ pub async fn run(
             Err(e) => Some(e),
         },
         None => {
+            match turn.req.warm_up().to_chat(&turn.history()) {
+                Ok(body) => {
+                    let head = head.for_path("/v1/chat/completions").with_session(Some(turn.session_key()));
+                    prefill(state, ctx, LlmRoute::Chat, body, &head, turn).await?;
+                }
+                Err(e) => tracing::debug!(error = %e, "a warm-up could not be sent; it completes without"),
+            }
             warm_up(&mut tr, ctx).await?;
             None
         }
@@ -142,6 +149,29 @@ async fn warm_up(tr: &mut Translator<'_>, ctx: &mut RequestCtx) -> pingora::Resu
     tr.empty().await
 }
 
+/// A warm-up's backend call: its prompt, one token asked for and thrown away, routed as the
+/// turns that continue it will be — so the backend that serves them has the prompt's KV
+/// cached. Best effort: a failure leaves the warm-up complete, and cold.
+async fn prefill(
+    state: &AppState,
+    ctx: &mut RequestCtx,
+    route: LlmRoute,
+    body: String,
+    head: &Head,
+    turn: &Turn,
+) -> pingora::Result<()> {
+    let mut discard = Collect::default();
+    let mut tr = Translator::new(&mut discard, Builder::new(turn.id.clone(), &turn.req));
+    if route == LlmRoute::Completions {
+        tr = tr.completion();
+    }
+    pipeline::run(state, &mut tr, ctx, route, Bytes::from(body), head).await?;
+    if let Some((status, _)) = discard.error {
+        tracing::debug!(status, "a warm-up's prefill failed; it completes cold");
+    }
+    Ok(())
+}
+
 /// A turn as token-id completions: the prompt is the system turn, the conversation's ids and
 /// the tail; where tools are deferred and the model only searched, warmpath answers, appends
 /// the search and its result to the conversation and calls again. Returns the conversation's
@@ -158,14 +188,17 @@ async fn token_turn(
         Ok(ids) => ids,
         Err(e) => return Ok(Err(e)),
     };
-    if !turn.req.generate {
-        warm_up(tr, ctx).await?;
-        return Ok(Ok(ids));
-    }
     let prompt = match pool.canon.token_prompt(turn.req.instructions.as_deref(), &turn.req.chat_tools()) {
         Ok(p) => p,
         Err(e) => return Ok(Err(e)),
     };
+    if !turn.req.generate {
+        let body = turn.req.warm_up().to_completion(&prompt.ids(&ids));
+        let head = head.for_path("/v1/completions").with_session(Some(turn.session_key()));
+        prefill(state, ctx, LlmRoute::Completions, body, &head, turn).await?;
+        warm_up(tr, ctx).await?;
+        return Ok(Ok(ids));
+    }
     if prompt.search.is_some() {
         tr.hide();
     }

@@ -36,6 +36,37 @@ pub trait EventSink: Send {
     async fn gone(&mut self);
 }
 
+/// A client that keeps the final response object.
+#[derive(Default)]
+pub struct Collect {
+    pub response: Option<Value>,
+    pub error: Option<(u16, Bytes)>,
+}
+
+#[async_trait]
+impl EventSink for Collect {
+    async fn begin(&mut self, _headers: &ProxyHeaders) -> pingora::Result<()> {
+        Ok(())
+    }
+
+    async fn events(&mut self, events: Vec<Event>, last: bool) -> pingora::Result<()> {
+        if last {
+            self.response =
+                events.last().and_then(Event::response).and_then(|r| serde_json::from_str(r).ok());
+        }
+        Ok(())
+    }
+
+    async fn error(&mut self, status: u16, body: Bytes, _headers: &ProxyHeaders) -> pingora::Result<()> {
+        self.error = Some((status, body));
+        Ok(())
+    }
+
+    async fn gone(&mut self) {
+        std::future::pending().await
+    }
+}
+
 enum State {
     Waiting,
     Stream(sse::Splitter),

@@ -3,13 +3,15 @@
 //! messages. The connection keeps its latest response, so a turn that continues it
 //! (`previous_response_id`) needs no store lookup, and the client sends only new items.
 //!
-//! One response is in flight per connection; later `response.create` events wait in order (up
-//! to `[websocket] max_queued`). The turn runs in its own task and hands its events over a
-//! bounded channel: a client that reads slowly slows the turn down (and the backend's stream
-//! with it) instead of growing a buffer. Bad events get an `error` event and the connection
+//! One response is in flight per lane (`stream_id`, `lanes.rs`); later `response.create` events
+//! of a lane wait in order (up to `[websocket] max_queued`), and up to `max_streams` lanes run
+//! side by side. Each turn runs in its own task and hands its events over the connection's
+//! bounded channel: a client that reads slowly slows its turns down (and the backends' streams
+//! with them) instead of growing a buffer. Bad events get an `error` event and the connection
 //! stays open; broken framing closes it with the code that says why (`frame::code`).
 
-use std::collections::VecDeque;
+mod lanes;
+
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -32,6 +34,7 @@ use crate::responses::request::{raw_fields, raw_str, ResponsesRequest};
 use crate::responses::{EventSink, ProxyHeaders, Turn};
 use crate::session::{tenant, Conversation};
 use crate::state::{AppState, Live, RequestCtx};
+use lanes::{tagged, LaneKey, Lanes, Running};
 use warmpath_wire::websocket::{self as frame, code, Message, Reader};
 
 /// RFC 6455 §1.3.
@@ -130,6 +133,7 @@ pub async fn serve(live: &Arc<Live>, session: &mut Session, ctx: &mut RequestCtx
     ctx.status = 101;
     let head = Head::of(session.req_header()).with_key(ctx.key.clone());
     let tenant = tenant(head.owner());
+    let (tx, rx) = mpsc::channel(CHANNEL);
     let mut conn = Conn {
         state: state.clone(),
         live: live.clone(),
@@ -137,16 +141,14 @@ pub async fn serve(live: &Arc<Live>, session: &mut Session, ctx: &mut RequestCtx
         tenant,
         reader: Reader::new(cfg.max_message_kib as usize * 1024),
         held: state.buffered.hold(),
-        last: None,
-        queue: VecDeque::new(),
-        turn: None,
+        lanes: Lanes::default(),
+        tx,
+        rx,
     };
     let close = conn.run(session).await;
-    if let Some(t) = conn.turn.take() {
-        // The client left mid-turn: dropping the task's backend connection cancels the
-        // generation.
-        t.task.abort();
-    }
+    // A client that left mid-turn: dropping the tasks' backend connections cancels the
+    // generations.
+    conn.lanes.abort_all();
     state.metrics.ws_closed.with_label_values(&[&close.to_string()]).inc();
     let who = ctx.key.as_deref().map(|k| format!("key {k}")).unwrap_or_default();
     state.metrics.recent.push("websocket", "", "", &close.to_string(), who);
@@ -161,13 +163,6 @@ enum TurnOutput {
     Done(Option<Arc<Conversation>>),
 }
 
-struct Running {
-    task: tokio::task::JoinHandle<()>,
-    rx: mpsc::Receiver<TurnOutput>,
-    /// The response it continues, dropped from the connection if the turn fails.
-    previous: Option<String>,
-}
-
 struct Conn {
     /// The state the connection opened with (its limits).
     state: Arc<AppState>,
@@ -178,10 +173,10 @@ struct Conn {
     reader: Reader,
     /// The reader's bytes of messages not yet whole, against `[limits] max_buffered_mib`.
     held: Held,
-    /// The connection's latest response: continued without a store lookup.
-    last: Option<Arc<Conversation>>,
-    queue: VecDeque<ResponsesRequest>,
-    turn: Option<Running>,
+    lanes: Lanes,
+    /// Every running turn's events, by lane.
+    tx: mpsc::Sender<(LaneKey, TurnOutput)>,
+    rx: mpsc::Receiver<(LaneKey, TurnOutput)>,
 }
 
 /// Why the loop ended: the close code sent (or 1006 when the peer vanished).
@@ -200,7 +195,7 @@ impl Conn {
         let mut drain = self.state.ws.draining();
         let mut draining = *drain.borrow();
         loop {
-            let busy = self.turn.is_some() || !self.queue.is_empty();
+            let busy = self.lanes.busy();
             tokio::select! {
                 r = session.read_request_body() => {
                     let bytes = match r {
@@ -212,20 +207,19 @@ impl Conn {
                         return code;
                     }
                 }
-                out = recv(&mut self.turn) => {
+                Some((lane, out)) = self.rx.recv() => {
                     match out {
-                        Some(TurnOutput::Events(events)) => {
+                        TurnOutput::Events(events) => {
                             for e in &events {
-                                match send(session, &e.json).await {
+                                match send(session, &tagged(&e.json, &lane)).await {
                                     Ok(n) => self.state.metrics.ws_bytes.with_label_values(&["out"]).inc_by(n as u64),
                                     Err(_) => return 1006,
                                 }
                             }
                         }
-                        Some(TurnOutput::Done(c)) => self.finish_turn(c),
-                        None => self.finish_turn(None),
+                        TurnOutput::Done(c) => self.finish_turn(&lane, c),
                     }
-                    if self.turn.is_none() {
+                    if !self.lanes.running() {
                         if draining {
                             return close(session, code::RESTART, "server restarting").await;
                         }
@@ -248,15 +242,15 @@ impl Conn {
                 }
                 _ = drain.changed(), if !draining => {
                     draining = true;
-                    self.queue.clear();
-                    if self.turn.is_none() {
+                    self.lanes.clear_queues();
+                    if !self.lanes.running() {
                         return close(session, code::RESTART, "server restarting").await;
                     }
                 }
                 _ = tokio::time::sleep_until(age_limit), if !aged => {
                     aged = true;
-                    self.queue.clear();
-                    if self.turn.is_none() {
+                    self.lanes.clear_queues();
+                    if !self.lanes.running() {
                         return self.age_out(session).await;
                     }
                 }
@@ -295,13 +289,16 @@ impl Conn {
                     *last_message = Instant::now();
                     self.state.metrics.ws_bytes.with_label_values(&["in"]).inc_by(t.len() as u64);
                     let result = if draining {
-                        Err(ApiError::unavailable("the server is restarting; reconnect")
-                            .with_code("server_restarting"))
+                        Err((
+                            ApiError::unavailable("the server is restarting; reconnect")
+                                .with_code("server_restarting"),
+                            None,
+                        ))
                     } else {
                         self.on_text(&t)
                     };
-                    if let Err(e) = result {
-                        if send(session, &error_event(&e).json).await.is_err() {
+                    if let Err((e, lane)) = result {
+                        if send(session, &tagged(&error_event(&e).json, &lane)).await.is_err() {
                             return Some(1006);
                         }
                     }
@@ -339,50 +336,52 @@ impl Conn {
         close(session, code::GOING_AWAY, "websocket_connection_limit_reached").await
     }
 
-    /// One client event. `Err` is the error event it gets.
-    fn on_text(&mut self, text: &str) -> Result<(), ApiError> {
-        let fields = raw_fields(text.as_bytes())?;
+    /// One client event. `Err` is the error event it gets, and the lane it concerns.
+    fn on_text(&mut self, text: &str) -> Result<(), (ApiError, LaneKey)> {
+        let fields = raw_fields(text.as_bytes()).map_err(|e| (e, None))?;
+        let lane: LaneKey = raw_str(&fields, "stream_id").map(|s| Arc::from(s.as_ref()));
+        let fail = |e: ApiError| (e, lane.clone());
         match raw_str(&fields, "type").as_deref() {
             Some("response.create") => {}
             Some(t) => {
-                return Err(ApiError::invalid_request(format!("unknown event type {t:?}"))
-                    .with_param("type")
-                    .with_code("unknown_event_type"))
+                return Err(fail(
+                    ApiError::invalid_request(format!("unknown event type {t:?}"))
+                        .with_param("type")
+                        .with_code("unknown_event_type"),
+                ))
             }
-            None => return Err(ApiError::invalid_request("an event needs a `type`").with_param("type")),
+            None => {
+                return Err(fail(ApiError::invalid_request("an event needs a `type`").with_param("type")))
+            }
         }
-        let req = ResponsesRequest::from_fields(fields, true)?;
+        let req = ResponsesRequest::from_fields(fields, true).map_err(fail)?;
         if self.state.pools.for_model(&req.model).is_some_and(|p| p.responses == ResponsesMode::Native) {
-            return Err(ApiError::invalid_request(format!(
-                "model {:?} is served by its backends' own Responses API; WebSocket mode needs responses = \"translate\"",
-                req.model
-            ))
-            .with_param("model"));
+            return Err(fail(
+                ApiError::invalid_request(format!(
+                    "model {:?} is served by its backends' own Responses API; WebSocket mode needs responses = \"translate\"",
+                    req.model
+                ))
+                .with_param("model"),
+            ));
         }
-        if self.turn.is_none() {
-            self.start(req);
-        } else if self.queue.len() < self.state.cfg.websocket.max_queued {
-            self.queue.push_back(req);
-        } else {
-            let mut e = ApiError::invalid_request(format!(
-                "{} responses are already waiting on this connection",
-                self.queue.len()
-            ))
-            .with_code("too_many_queued_responses");
-            e.status = 429;
-            return Err(e);
+        let cfg = &self.state.cfg.websocket;
+        if let Some(req) =
+            self.lanes.admit(lane.clone(), req, cfg.max_queued, cfg.max_streams).map_err(fail)?
+        {
+            self.start(lane, req);
         }
         Ok(())
     }
 
-    fn start(&mut self, req: ResponsesRequest) {
-        let (tx, rx) = mpsc::channel(CHANNEL);
+    fn start(&mut self, lane: LaneKey, req: ResponsesRequest) {
+        let tx = self.tx.clone();
         let state = self.live.load();
         let head = self.head.clone();
-        let (tenant, cached) = (self.tenant, self.last.clone());
+        let (tenant, cached) = (self.tenant, self.lanes.cached(req.previous_response_id.as_deref()));
         let previous = req.previous_response_id.clone();
+        let key = lane.clone();
         let task = tokio::spawn(async move {
-            let mut sink = WsSink { tx: tx.clone() };
+            let mut sink = WsSink { tx: tx.clone(), lane: key.clone() };
             let done = match Turn::prepare(&state, req, tenant, cached.as_ref(), 400).await {
                 Ok(turn) => {
                     let mut ctx = RequestCtx::new();
@@ -407,36 +406,19 @@ impl Conn {
                 }
                 Err(e) => {
                     state.metrics.responses_turns.with_label_values(&["websocket", "error"]).inc();
-                    let _ = tx.send(TurnOutput::Events(vec![error_event(&e)])).await;
+                    let _ = tx.send((key.clone(), TurnOutput::Events(vec![error_event(&e)]))).await;
                     None
                 }
             };
-            let _ = tx.send(TurnOutput::Done(done)).await;
+            let _ = tx.send((key, TurnOutput::Done(done))).await;
         });
-        self.turn = Some(Running { task, rx, previous });
+        self.lanes.started(lane, Running { task, previous });
     }
 
-    fn finish_turn(&mut self, done: Option<Arc<Conversation>>) {
-        let Some(t) = self.turn.take() else { return };
-        match done {
-            Some(c) => self.last = Some(c),
-            // A failed turn drops the state it referenced (as OpenAI's): the client starts over
-            // from the store, or from scratch.
-            None if t.previous.is_some() && self.last.as_ref().map(|l| &l.id) == t.previous.as_ref() => {
-                self.last = None
-            }
-            None => {}
+    fn finish_turn(&mut self, lane: &LaneKey, done: Option<Arc<Conversation>>) {
+        if let Some(next) = self.lanes.finished(lane, done) {
+            self.start(lane.clone(), next);
         }
-        if let Some(next) = self.queue.pop_front() {
-            self.start(next);
-        }
-    }
-}
-
-async fn recv(turn: &mut Option<Running>) -> Option<TurnOutput> {
-    match turn {
-        Some(t) => t.rx.recv().await,
-        None => std::future::pending().await,
     }
 }
 
@@ -458,9 +440,10 @@ pub fn error_event(e: &ApiError) -> Event {
     Event::plain("error", json!({"type": "error", "status": e.status, "error": e.body.error}).to_string())
 }
 
-/// A turn's events into the connection's channel.
+/// A turn's events into the connection's channel, on its lane.
 struct WsSink {
-    tx: mpsc::Sender<TurnOutput>,
+    tx: mpsc::Sender<(LaneKey, TurnOutput)>,
+    lane: LaneKey,
 }
 
 #[async_trait]
@@ -471,7 +454,7 @@ impl EventSink for WsSink {
 
     async fn events(&mut self, events: Vec<Event>, _last: bool) -> pingora::Result<()> {
         self.tx
-            .send(TurnOutput::Events(events))
+            .send((self.lane.clone(), TurnOutput::Events(events)))
             .await
             .or_else(|_| pingora::Error::e_explain(pingora::ErrorType::ConnectionClosed, "websocket closed"))
     }

@@ -61,6 +61,20 @@ with client.responses.connect() as conn:
             out["ws_error_code"] = event.error.code if hasattr(event, "error") and event.error else None
             break
 
+# Two lanes on one connection (`stream_id`), both in flight at once.
+with client.responses.connect() as conn:
+    conn.response.create(model=model, input="hello", max_output_tokens=3, stream_id="left")
+    conn.response.create(model=model, input="hi", max_output_tokens=3, stream_id="right")
+    lanes = []
+    for event in conn:
+        if event.type in ("response.completed", "response.incomplete"):
+            lanes.append(event.stream_id)
+            if len(lanes) == 2:
+                break
+        if event.type in ("error", "response.failed"):
+            raise SystemExit(f"a lane failed: {event}")
+    out["ws_lanes"] = sorted(lanes)
+
 # HTTP: the same conversation chained by previous_response_id.
 r1 = client.responses.create(model=model, input=question, tools=tools, instructions="You are a weather agent.")
 call = calls_of(r1)[0]
