@@ -91,6 +91,9 @@ class Servers:
             with open(policy, "w") as f:
                 f.write(f'[server]\nlisten = "127.0.0.1:{listen}"\nadmin = "127.0.0.1:{admin}"\n'
                         f'[[pools]]\nname = "{pool}"\nmodels = ["{MODEL}"]\npolicy = "cache_aware"\n'
+                        # The model's own tokenizer and template, from its GGUF file: blocks in
+                        # its tokens, and input_tokens counted as the backend counts.
+                        f'[pools.canon]\ntokenizer_file = "{GGUF}"\n'
                         f'[[pools.backends]]\nname = "{pool}"\nurl = "{url}"\n')
             self.spawn([args.warmpath, "--config", policy], logs(f"warmpath-{name.replace(' ', '')}"))
             wait_http(f"http://127.0.0.1:{admin}/readyz")
@@ -293,6 +296,48 @@ def s_responses_ws(d, p):
         return [f"the turn ended with {done}"]
     return diff(chat.choices[0].message.content, text, "$.text") + diff(
         chat.choices[0].message.content, done.response.output_text, "$.response.output_text")
+
+
+def s_responses_api(d, p):
+    """The rest of the Responses API, served by warmpath from its own store over this backend:
+    input_tokens.count equal to the usage the backend then reports (its own count of the turn),
+    retrieve equal to the created object, input_items, a conversation continued by id,
+    compact, background and cancel, delete; another API key sees none of it."""
+    other = openai.OpenAI(base_url=p.base_url, api_key="another-key", max_retries=0, timeout=120)
+    FRESH[0]()
+    r1 = p.responses.create(model=MODEL, instructions=SYSTEM, input="What is the capital of France?",
+                            max_output_tokens=16, temperature=0)
+    ask = dict(model=MODEL, instructions=SYSTEM, previous_response_id=r1.id, input="And of Italy?")
+    counted = p.responses.input_tokens.count(**ask).input_tokens
+    r2 = p.responses.create(max_output_tokens=8, temperature=0, **ask)
+    out = diff(r2.usage.input_tokens, counted, "$.input_tokens.count")
+    out += diff(plain(r2), plain(p.responses.retrieve(r2.id)), "$.retrieve")
+    kinds = [(i.type, getattr(i, "role", None)) for i in p.responses.input_items.list(r2.id, order="asc")]
+    out += diff([("message", "user"), ("message", "assistant"), ("message", "user")], kinds, "$.input_items")
+    try:
+        other.responses.retrieve(r2.id)
+        out.append("another key retrieved the response")
+    except openai.NotFoundError:
+        pass
+    conv = p.conversations.create(items=[{"type": "message", "role": "user", "content": "My name is Ada."}])
+    p.responses.create(model=MODEL, conversation=conv.id, input="What is my name?", max_output_tokens=8, temperature=0)
+    out += diff(3, len(list(p.conversations.items.list(conv.id))), "$.conversation.items")
+    compacted = p.responses.compact(model=MODEL, instructions=SYSTEM, previous_response_id=r2.id,
+                                    extra_body={"max_output_tokens": 32})
+    out += diff(["message", "message", "compaction"], [i.type for i in compacted.output], "$.compact.output")
+    r3 = p.responses.create(model=MODEL, instructions=SYSTEM, max_output_tokens=8, temperature=0,
+                            input=[*compacted.output, {"role": "user", "content": "Thanks."}])
+    out += diff(True, r3.status in ("completed", "incomplete"), "$.after_compact")
+    bg = p.responses.create(model=MODEL, input="Count to fifty.", background=True, max_output_tokens=200)
+    ended = p.responses.cancel(bg.id).status
+    out += diff(True, ended in ("cancelled", "completed", "incomplete"), "$.cancel")
+    p.responses.delete(r1.id)
+    try:
+        p.responses.retrieve(r1.id)
+        out.append("a deleted response was retrieved")
+    except openai.NotFoundError:
+        pass
+    return out
 
 
 def s_errors(d, p):
@@ -525,6 +570,7 @@ SCENARIOS = [
     ("embeddings", "embeddings (passed through)", s_embeddings, False),
     ("responses_http", "Responses over HTTP, continued by id", s_responses_http, True),
     ("responses_ws", "Responses over WebSocket", s_responses_ws, False),
+    ("responses_api", "Responses: retrieve, input items, input tokens, conversations, compact, cancel, delete", s_responses_api, True),
     ("errors", "errors: status and shape", s_errors, True),
     ("vllm_metrics", "vLLM's metric names, types, labels, buckets", s_vllm_metrics, True),
     ("kv_events", "KV events in vLLM's wire format (its msgspec types)", s_kv_events, True),

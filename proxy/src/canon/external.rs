@@ -29,15 +29,24 @@ impl External {
     pub fn load(cfg: &CanonConfig, dir: &Path) -> Result<Option<External>, (&'static str, String)> {
         let Some(file) = &cfg.tokenizer_file else { return Ok(None) };
         let file = dir.join(file);
-        let tokenizer = Tokenizer::from_file(&file)
-            .map_err(|e| ("tokenizer_file", format!("{}: {e}", file.display())))?;
-        let template_file = match &cfg.chat_template {
-            Some(t) => Some(dir.join(t)),
-            None => JinjaTemplate::beside(&file),
+        // A GGUF model file: its own tokenizer and chat template, as llama.cpp serves it.
+        let (tokenizer, own_template) = if file.extension().is_some_and(|e| e.eq_ignore_ascii_case("gguf")) {
+            let e = Self::of_gguf(&file.display().to_string(), &file).map_err(|e| ("tokenizer_file", e))?;
+            (e.tokenizer, Some(e.template))
+        } else {
+            let t = Tokenizer::from_file(&file)
+                .map_err(|e| ("tokenizer_file", format!("{}: {e}", file.display())))?;
+            (t, None)
         };
-        let template = match template_file {
-            None => None,
-            Some(t) => Some(Arc::new(JinjaTemplate::load(&t).map_err(|e| ("chat_template", e))?)),
+        let template = match (&cfg.chat_template, own_template) {
+            (Some(t), _) => {
+                Some(Arc::new(JinjaTemplate::load(&dir.join(t)).map_err(|e| ("chat_template", e))?))
+            }
+            (None, Some(own)) => own,
+            (None, None) => match JinjaTemplate::beside(&file) {
+                None => None,
+                Some(t) => Some(Arc::new(JinjaTemplate::load(&t).map_err(|e| ("chat_template", e))?)),
+            },
         };
         Ok(Some(External { tokenizer, template }))
     }
@@ -49,13 +58,19 @@ impl External {
         if !path.is_file() {
             return Err(format!("{} is not installed: scripts/ensure-deps installs it", path.display()));
         }
-        let g = Gguf::open(&path).map_err(|e| format!("{}: {e}", path.display()))?;
+        Self::of_gguf(model, &path).map(Some)
+    }
+
+    /// The tokenizer and chat template a GGUF file carries (the built-in layout where it has no
+    /// template).
+    fn of_gguf(model: &str, path: &Path) -> Result<External, String> {
+        let g = Gguf::open(path).map_err(|e| format!("{}: {e}", path.display()))?;
         let f = ChatFormat::from_gguf(model, &g)?;
         let template = match f.template {
             Template::Jinja(t) => Some(t),
             Template::Builtin => None,
         };
-        Ok(Some(External { tokenizer: f.tokenizer, template }))
+        Ok(External { tokenizer: f.tokenizer, template })
     }
 }
 
