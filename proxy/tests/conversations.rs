@@ -207,3 +207,40 @@ fn responses_append_to_their_conversation_in_memory() {
 fn responses_append_to_their_conversation_through_redis() {
     responses_append_to_their_conversation(Some(&RedisServer::start()));
 }
+
+/// Redis gone: the conversations and stored-response routes answer 503
+/// `session_store_unavailable` in the OpenAI shape, promptly, and warmpath serves on.
+#[test]
+fn a_lost_redis_is_a_503_on_every_stored_route() {
+    let e = Engine::sim("m", &[]);
+    let mut redis = RedisServer::start();
+    let store =
+        format!("[session]\nstore = \"redis\"\nredis_url = \"{}\"\nredis_timeout_ms = 300\n", redis.url());
+    let proxy = Proxy::start(&policy(&store, "", &["m"], &[("e0", e.url())]));
+    let conv = keyed(proxy.addr, "k1", "POST", "/v1/conversations", Some(&json!({}))).ok();
+    let id = conv["id"].as_str().expect("id").to_owned();
+    redis.kill();
+    for (method, path, body) in [
+        ("GET", format!("/v1/conversations/{id}"), None),
+        (
+            "POST",
+            format!("/v1/conversations/{id}/items"),
+            Some(json!({"items": [{"role": "user", "content": "x"}]})),
+        ),
+        ("POST", "/v1/conversations".to_owned(), Some(json!({}))),
+        ("GET", "/v1/responses/resp_x".to_owned(), None),
+        ("GET", "/v1/responses/resp_x/input_items".to_owned(), None),
+        ("DELETE", "/v1/responses/resp_x".to_owned(), None),
+        ("POST", "/v1/responses".to_owned(), Some(json!({"model": "m", "conversation": id, "input": "x"}))),
+    ] {
+        let r = keyed(proxy.addr, "k1", method, &path, body.as_ref());
+        assert_eq!(
+            (r.status, r.json()["error"]["code"].as_str()),
+            (503, Some("session_store_unavailable")),
+            "{method} {path}: {}",
+            r.text()
+        );
+    }
+    // What needs no store is served.
+    assert_eq!(post_json(proxy.addr, "/v1/chat/completions", &chat("m", "hi", 2)).status, 200);
+}

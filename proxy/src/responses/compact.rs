@@ -77,6 +77,9 @@ pub async fn compact(
     req.store = false;
     req.stream = false;
     req.background = false;
+    req.generate = true;
+    // A conversation longer than the context is summarized from what fits of its newest part.
+    req.truncation_auto = true;
     req.max_output_tokens = Some(req.max_output_tokens.map_or(SUMMARY_TOKENS, |n| n.min(SUMMARY_TOKENS)));
     let summary_turn =
         Turn { req, id: new_id("resp_"), tenant, previous: Some(Arc::new(history)), thread: None, skip: 0 };

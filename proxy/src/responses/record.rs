@@ -104,11 +104,13 @@ pub fn background(state: &Arc<AppState>, turn: Turn, head: Head) -> Result<Arc<R
     let run = start_run(state, &turn, true)?;
     let (state, task_run) = (state.clone(), run.clone());
     let task = tokio::spawn(async move {
+        // However the task ends — done, cancelled (aborted), or a panic — the run ends with it,
+        // and its key's place is freed.
+        let _ended = Ended { state: state.clone(), run: task_run.clone() };
         let mut ctx = RequestCtx::new();
         ctx.route = "responses";
         let mut sink = Recorder::new(task_run.clone(), None);
         let _ = super::run::run(&state, &mut sink, &mut ctx, &turn, &head, "background").await;
-        finish(&state, &task_run);
     });
     run.set_abort(task.abort_handle());
     Ok(run)
@@ -119,4 +121,16 @@ pub fn finish(state: &AppState, run: &Arc<Run>) {
     let (last, _) = run.response();
     run.finish(Some(last));
     state.sessions.runs.ended(run);
+}
+
+/// Ends a background run when its task ends, however it ends.
+struct Ended {
+    state: Arc<AppState>,
+    run: Arc<Run>,
+}
+
+impl Drop for Ended {
+    fn drop(&mut self) {
+        finish(&self.state, &self.run);
+    }
 }
