@@ -270,3 +270,56 @@ fn truncation_auto_leaves_the_oldest_turns_out_of_a_prompt_that_does_not_fit() {
     );
     assert_eq!(r.status, 400);
 }
+
+/// `include: ["message.output_text.logprobs"]` with `top_logprobs`: each output token's
+/// log-probability and its alternatives, whole and in the stream's deltas, as the backend gave
+/// them; an unknown `include` value is a 400.
+#[test]
+fn output_logprobs_are_included_when_asked() {
+    // The llama executor on seeded dummy weights: the sim executor computes no probabilities.
+    let args = ["--executor", "llama", "--model", "micro", "--served-model-name", "m"];
+    let e = Engine::start_args(args.iter().map(|s| s.to_string()).collect(), 0);
+    let proxy = Proxy::start(&policy("", WP32K, &["m"], &[("e0", e.url())]));
+    let ask = json!({"model": "m", "input": "hi", "max_output_tokens": 5, "include": ["message.output_text.logprobs"], "top_logprobs": 2});
+    let r = keyed(proxy.addr, "k1", "POST", "/v1/responses", Some(&ask)).ok();
+    let part = &r["output"][0]["content"][0];
+    let lp = part["logprobs"].as_array().expect("logprobs");
+    assert_eq!(lp.len(), 5, "one per token: {r}");
+    let joined: String = lp.iter().filter_map(|t| t["token"].as_str()).collect();
+    assert_eq!(part["text"].as_str(), Some(joined.as_str()));
+    assert!(
+        lp.iter().all(|t| t["logprob"].as_f64().is_some_and(|l| l <= 0.0)
+            && t["top_logprobs"].as_array().map(Vec::len) == Some(2)),
+        "{r}"
+    );
+    assert_eq!(r["top_logprobs"], 2);
+    let mut streamed = ask.clone();
+    streamed["stream"] = json!(true);
+    let text = keyed(proxy.addr, "k1", "POST", "/v1/responses", Some(&streamed)).text();
+    let deltas: usize = sse(&text)
+        .0
+        .iter()
+        .map(|d| serde_json::from_str::<Value>(d).expect("json"))
+        .filter(|e| e["type"] == "response.output_text.delta")
+        .map(|e| e["logprobs"].as_array().map_or(0, Vec::len))
+        .sum();
+    assert_eq!(deltas, 5, "{text}");
+    // Without asking: none kept.
+    let plain = keyed(
+        proxy.addr,
+        "k1",
+        "POST",
+        "/v1/responses",
+        Some(&json!({"model": "m", "input": "hi", "max_output_tokens": 2})),
+    )
+    .ok();
+    assert!(plain["output"][0]["content"][0].get("logprobs").is_none(), "{plain}");
+    let bad = keyed(
+        proxy.addr,
+        "k1",
+        "POST",
+        "/v1/responses",
+        Some(&json!({"model": "m", "input": "hi", "include": ["everything"]})),
+    );
+    assert_eq!((bad.status, bad.json()["error"]["param"].as_str()), (400, Some("include")));
+}

@@ -10,18 +10,31 @@ use super::request::ResponsesRequest;
 
 #[derive(Debug, Clone)]
 enum Item {
-    Message { id: String, text: String, open: bool },
-    Call { id: String, chat_index: u64, call_id: String, name: String, arguments: String, open: bool },
+    /// `logprobs`: the text's log-probabilities, where they were asked for.
+    Message {
+        id: String,
+        text: String,
+        open: bool,
+        logprobs: Option<Vec<Value>>,
+    },
+    Call {
+        id: String,
+        chat_index: u64,
+        call_id: String,
+        name: String,
+        arguments: String,
+        open: bool,
+    },
 }
 
 impl Item {
     fn value(&self, status: &str) -> Value {
         match self {
-            Item::Message { id, text, open } => {
+            Item::Message { id, text, open, logprobs } => {
                 let content = if *open && text.is_empty() {
                     json!([])
                 } else {
-                    json!([{"type": "output_text", "text": text, "annotations": []}])
+                    json!([text_part(text, logprobs.as_deref())])
                 };
                 json!({"id": id, "type": "message", "status": status, "role": "assistant", "content": content})
             }
@@ -31,6 +44,15 @@ impl Item {
             }),
         }
     }
+}
+
+/// An `output_text` part, with its log-probabilities where they were asked for.
+fn text_part(text: &str, logprobs: Option<&[Value]>) -> Value {
+    let mut part = json!({"type": "output_text", "text": text, "annotations": []});
+    if let Some(l) = logprobs {
+        part["logprobs"] = json!(l);
+    }
+    part
 }
 
 /// One response being built from a chat stream.
@@ -48,6 +70,8 @@ pub struct Builder {
     usage: Option<Value>,
     finish: Option<String>,
     outcome: Option<Outcome>,
+    /// The request asked for the output text's log-probabilities.
+    logprobs: bool,
 }
 
 impl Builder {
@@ -64,6 +88,7 @@ impl Builder {
         echo.insert("top_p".into(), json!(req.top_p.unwrap_or(1.0)));
         echo.insert("store".into(), json!(req.store));
         echo.insert("background".into(), json!(req.background));
+        echo.insert("top_logprobs".into(), json!(req.top_logprobs));
         echo.insert("truncation".into(), json!(if req.truncation_auto { "auto" } else { "disabled" }));
         echo.insert("text".into(), req.text.clone().unwrap_or(json!({"format": {"type": "text"}})));
         echo.insert("prompt_cache_key".into(), json!(req.prompt_cache_key));
@@ -87,6 +112,7 @@ impl Builder {
             usage: None,
             finish: None,
             outcome: None,
+            logprobs: req.logprobs,
         }
     }
 
@@ -162,7 +188,10 @@ impl Builder {
         if let Some(text) =
             delta.and_then(|d| d.get("content")).and_then(Value::as_str).filter(|t| !t.is_empty())
         {
-            self.text(text, out);
+            // Chat's log-probability entries are the Responses ones (token, logprob, bytes,
+            // top_logprobs).
+            let logprobs = choice.pointer("/logprobs/content").and_then(Value::as_array);
+            self.text_with(text, logprobs.map(Vec::as_slice), out);
         }
         if let Some(calls) = delta.and_then(|d| d.get("tool_calls")).and_then(Value::as_array) {
             for (k, c) in calls.iter().enumerate() {
@@ -198,11 +227,22 @@ impl Builder {
 
     /// Output text, appended to the open message (opened first where none is).
     pub fn text(&mut self, text: &str, out: &mut Vec<Event>) {
+        self.text_with(text, None, out)
+    }
+
+    /// [`Builder::text`] with the text's log-probability entries.
+    fn text_with(&mut self, text: &str, logprobs: Option<&[Value]>, out: &mut Vec<Event>) {
         let open = matches!(self.items.last(), Some(Item::Message { open: true, .. }));
         if !open {
             self.close_open(out);
             let id = new_id("msg_");
-            self.items.push(Item::Message { id: id.clone(), text: String::new(), open: true });
+            let kept = self.logprobs.then(Vec::new);
+            self.items.push(Item::Message {
+                id: id.clone(),
+                text: String::new(),
+                open: true,
+                logprobs: kept,
+            });
             let index = self.items.len() - 1;
             let item = self.items[index].value("in_progress");
             let e = self
@@ -221,8 +261,12 @@ impl Builder {
             out.push(e);
         }
         let index = self.items.len() - 1;
-        let Some(Item::Message { id, text: all, .. }) = self.items.last_mut() else { return };
+        let Some(Item::Message { id, text: all, logprobs: kept, .. }) = self.items.last_mut() else { return };
         all.push_str(text);
+        let these = logprobs.filter(|_| kept.is_some()).unwrap_or(&[]);
+        if let Some(k) = kept {
+            k.extend_from_slice(these);
+        }
         let id = id.clone();
         let e = self.event(
             "response.output_text.delta",
@@ -231,7 +275,7 @@ impl Builder {
                 ("output_index", json!(index)),
                 ("content_index", json!(0)),
                 ("delta", json!(text)),
-                ("logprobs", json!([])),
+                ("logprobs", json!(these)),
             ]),
         );
         out.push(e);
@@ -291,9 +335,10 @@ impl Builder {
     fn close_open(&mut self, out: &mut Vec<Event>) {
         for index in 0..self.items.len() {
             let events: Vec<(&'static str, Map<String, Value>)> = match &mut self.items[index] {
-                Item::Message { id, text, open } if *open => {
+                Item::Message { id, text, open, logprobs } if *open => {
                     *open = false;
-                    let part = json!({"type": "output_text", "text": text, "annotations": []});
+                    let part = text_part(text, logprobs.as_deref());
+                    let all = json!(logprobs.as_deref().unwrap_or(&[]));
                     let at = |extra: Vec<(&str, Value)>| {
                         let mut m = obj([
                             ("item_id", json!(id)),
@@ -304,10 +349,7 @@ impl Builder {
                         m
                     };
                     vec![
-                        (
-                            "response.output_text.done",
-                            at(vec![("text", json!(text)), ("logprobs", json!([]))]),
-                        ),
+                        ("response.output_text.done", at(vec![("text", json!(text)), ("logprobs", all)])),
                         ("response.content_part.done", at(vec![("part", part)])),
                     ]
                 }

@@ -6,19 +6,7 @@
 use serde_json::{json, Value};
 use warmpath_wire::openai::ApiError;
 
-/// What `include` may ask for of stored items. warmpath keeps items as they were sent or
-/// generated, so each is either already there or has nothing to add on a self-hosted backend
-/// (no hosted tools, no encrypted reasoning): accepted, and the items are shown whole.
-const INCLUDABLE: &[&str] = &[
-    "message.input_image.image_url",
-    "message.output_text.logprobs",
-    "reasoning.encrypted_content",
-    "computer_call_output.output.image_url",
-    "code_interpreter_call.outputs",
-    "file_search_call.results",
-    "web_search_call.action.sources",
-    "web_search_call.results",
-];
+use super::request::INCLUDABLE;
 
 /// A page request.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -29,6 +29,21 @@ pub fn raw_str<'a>(f: &'a RawFields, k: &str) -> Option<Cow<'a, str>> {
     f.get(k).and_then(|v| serde_json::from_str::<Cow<'a, str>>(v.get()).ok())
 }
 
+/// What `include` may ask for. warmpath keeps items as they were sent or generated, so each
+/// is either already there or has nothing to add on a self-hosted backend (no hosted tools, no
+/// encrypted reasoning) — but the output text's log-probabilities, which are asked of the
+/// backend.
+pub const INCLUDABLE: &[&str] = &[
+    "message.input_image.image_url",
+    "message.output_text.logprobs",
+    "reasoning.encrypted_content",
+    "computer_call_output.output.image_url",
+    "code_interpreter_call.outputs",
+    "file_search_call.results",
+    "web_search_call.action.sources",
+    "web_search_call.results",
+];
+
 /// Checks items given to a conversation (`param`: where they were, for the error): each one
 /// an item a turn could take.
 pub fn check_items(items: &[Value], param: &str) -> Result<(), ApiError> {
@@ -57,6 +72,10 @@ pub struct ResponsesRequest {
     pub background: bool,
     /// `truncation: "auto"`: the oldest items are left out of a prompt that does not fit.
     pub truncation_auto: bool,
+    /// `include: ["message.output_text.logprobs"]`: the output text's log-probabilities, with
+    /// `top_logprobs` alternatives each.
+    pub logprobs: bool,
+    pub top_logprobs: Option<u64>,
     /// WebSocket warm-up (`generate: false`): a response id to chain from, no output.
     pub generate: bool,
     /// Function tools in the Responses form, as their JSON text: a hundred schemas are most of
@@ -220,11 +239,38 @@ impl ResponsesRequest {
                 ))
             }
         };
+        let mut logprobs = false;
+        match o.get("include") {
+            None | Some(Value::Null) => {}
+            Some(Value::Array(list)) => {
+                for v in list {
+                    match v.as_str() {
+                        Some("message.output_text.logprobs") => logprobs = true,
+                        Some(k) if INCLUDABLE.contains(&k) => {}
+                        _ => {
+                            return Err(ApiError::invalid_param(
+                                format!("`include` value {v} is not one warmpath knows"),
+                                "include",
+                            ))
+                        }
+                    }
+                }
+            }
+            Some(_) => return Err(ApiError::invalid_param("`include` must be an array", "include")),
+        }
+        let top_logprobs = match o.get("top_logprobs") {
+            None | Some(Value::Null) => None,
+            Some(v) => Some(v.as_u64().filter(|&n| n <= 20).ok_or_else(|| {
+                ApiError::invalid_param("`top_logprobs` must be an integer from 0 to 20", "top_logprobs")
+            })?),
+        };
         Ok(ResponsesRequest {
             model,
             conversation,
             background,
             truncation_auto,
+            logprobs,
+            top_logprobs,
             input,
             instructions: opt_str(o, "instructions")?,
             previous_response_id: opt_str(o, "previous_response_id")?,
@@ -309,6 +355,10 @@ impl ResponsesRequest {
         if let Some(u) = &self.user {
             body.insert("user".into(), json!(u));
         }
+        if self.logprobs || self.top_logprobs.is_some_and(|n| n > 0) {
+            body.insert("logprobs".into(), json!(true));
+            body.insert("top_logprobs".into(), json!(self.top_logprobs.unwrap_or(0)));
+        }
         body.insert("stream".into(), json!(true));
         body.insert("stream_options".into(), json!({"include_usage": true}));
     }
@@ -326,7 +376,8 @@ impl ResponsesRequest {
             .as_ref()
             .and_then(|t| t.get("format"))
             .is_none_or(|f| f.get("type").and_then(Value::as_str) == Some("text"));
-        choice_ok && text_ok
+        // (Log-probabilities come in chat's form, which the translation reads.)
+        choice_ok && text_ok && !self.logprobs && self.top_logprobs.is_none_or(|n| n == 0)
     }
 
     /// The tools in the Chat Completions form, one JSON text each.
