@@ -1,7 +1,8 @@
 //! `truncation: "auto"`: where a turn's prompt and the most it may write do not fit the pool's
 //! context (`max_model_len`, where the pool counts tokens exactly), the oldest items of the
 //! conversation are left out of the prompt — as few as it takes, and never so that the prompt
-//! starts inside a tool exchange (it starts at a message). The stored conversation keeps them;
+//! starts inside a tool exchange (it starts at a message). A prompt whose bytes alone show it
+//! fits is not counted. The stored conversation keeps them;
 //! the response says how many were left out (`metadata.warmpath_truncated_items`).
 
 use serde_json::Value;
@@ -19,6 +20,9 @@ pub fn fit(pool: &Pool, turn: &Turn) -> Result<Option<Turn>, ApiError> {
         return Ok(None);
     };
     let reserve = turn.req.max_output_tokens.unwrap_or(0) as usize;
+    if bytes_bound(turn) + reserve <= max {
+        return Ok(None);
+    }
     let fits = |t: &Turn| -> Result<bool, ApiError> { Ok(prompt_tokens(pool, t)? + reserve <= max) };
     if fits(turn)? {
         return Ok(None);
@@ -45,6 +49,22 @@ pub fn fit(pool: &Pool, turn: &Turn) -> Result<Option<Turn>, ApiError> {
     }
     trial.skip = starts[lo];
     Ok(Some(trial))
+}
+
+/// Tokens a chat template adds beyond the JSON of what it renders (system preambles, tool
+/// instructions, the generation prompt), with room to spare.
+const TEMPLATE_MARGIN: usize = 512;
+
+/// An upper bound of the turn's prompt in tokens, from bytes alone: no token is shorter than a
+/// byte, a message's JSON (its keys, quotes and id) is longer than the few tokens that mark it
+/// in a template, and a template that writes JSON with spaces after its separators adds less
+/// than a quarter. A prompt under it fits without being counted.
+fn bytes_bound(turn: &Turn) -> usize {
+    let history = turn.previous.as_ref().map_or(0, |p| p.bytes);
+    let input: usize = turn.req.input.iter().map(|i| i.to_string().len()).sum();
+    let tools: usize = turn.req.tools.iter().map(|t| t.get().len()).sum();
+    let system = turn.req.instructions.as_ref().map_or(0, String::len) + tools;
+    (history + input + system) * 5 / 4 + TEMPLATE_MARGIN
 }
 
 /// A prompt may start at this item: a message (not a tool call or its output).
