@@ -101,6 +101,14 @@ fn a_background_response_is_polled_cancelled_and_bounded_per_key() {
         None,
     );
     assert_eq!(r.status, 400, "only background responses are cancelled: {}", r.text());
+    // Deleted while it runs: cancelled, and gone for good once its task has ended.
+    let doomed = responses_of(&proxy, "k1", &long).ok();
+    let did = doomed["id"].as_str().expect("id").to_owned();
+    assert!(eventually(Duration::from_secs(10), || running() == 1.0), "it runs");
+    keyed(proxy.addr, "k1", "DELETE", &format!("/v1/responses/{did}"), None).ok();
+    assert!(eventually(Duration::from_secs(10), || running() == 0.0), "its generation stopped");
+    std::thread::sleep(Duration::from_millis(200));
+    assert_eq!(keyed(proxy.addr, "k1", "GET", &format!("/v1/responses/{did}"), None).status, 404);
     let r =
         responses_of(&proxy, "k1", &json!({"model": "m", "input": "x", "background": true, "store": false}));
     assert_eq!((r.status, r.json()["error"]["param"].as_str()), (400, Some("background")), "{}", r.text());

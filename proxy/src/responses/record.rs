@@ -116,11 +116,13 @@ pub fn background(state: &Arc<AppState>, turn: Turn, head: Head) -> Result<Arc<R
     Ok(run)
 }
 
-/// The run ended: its object is the last one its events carried.
+/// The run ended: its object is the last one its events carried. One that had already ended
+/// (cancelled, or deleted) is left as it is — a deleted one is not kept again.
 pub fn finish(state: &AppState, run: &Arc<Run>) {
     let (last, _) = run.response();
-    run.finish(Some(last));
-    state.sessions.runs.ended(run);
+    if run.finish(Some(last)) {
+        state.sessions.runs.ended(run);
+    }
 }
 
 /// Ends a background run when its task ends, however it ends.
