@@ -178,7 +178,9 @@ fn streamed_redaction_masks_a_span_split_over_tokens() {
 
 #[test]
 fn stream_releases_at_once_and_cuts_where_the_verdict_lands() {
-    let s = setup(&output("stream", ""), &[]);
+    // Tokens spaced apart, as a real model sends them: each event is released as it comes,
+    // before its window closes. (Events that arrive in one read are judged together first.)
+    let s = setup(&output("stream", ""), &["--sim-itl-ms", "10"]);
     let (text, finish, done, _) = stream(&s.proxy, "tell the falcon story");
     // The window holding the finding went out before its verdict; nothing after it did.
     assert!(text.contains("Project Falcon"), "{text:?}");

@@ -3,6 +3,7 @@
 
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
 /// A scripted upstream: answers every request (but `GET /health`) with `reply_head` (status
@@ -87,6 +88,75 @@ impl Scripted {
             }
         });
         Scripted { addr, bodies, heads }
+    }
+
+    pub fn url(&self) -> String {
+        format!("http://{}", self.addr)
+    }
+}
+
+/// A backend answering in raw bytes, for the HTTP/1 framing warmpath reads: `answer(n)` is the
+/// n-th model request's reply (from 0, counted over every connection), written in `pieces`
+/// (each flushed apart) and whether the connection closes after it. Probes (`GET`) get an
+/// empty 200. Counts the connections it accepted.
+pub struct RawBackend {
+    pub addr: SocketAddr,
+    pub connections: Arc<AtomicUsize>,
+    /// Connections that carried at least one model request.
+    pub model_connections: Arc<AtomicUsize>,
+    pub requests: Arc<AtomicUsize>,
+}
+
+/// One reply of a [`RawBackend`].
+pub struct RawReply {
+    /// The bytes, in writes of their own (a short pause between them).
+    pub pieces: Vec<Vec<u8>>,
+    /// Close the connection after it (without saying so in a header).
+    pub close: bool,
+}
+
+impl RawBackend {
+    pub fn start(answer: impl Fn(usize) -> RawReply + Send + Sync + 'static) -> RawBackend {
+        let listener = TcpListener::bind("127.0.0.1:0").expect("bind");
+        let addr = listener.local_addr().expect("addr");
+        let connections = Arc::new(AtomicUsize::new(0));
+        let requests = Arc::new(AtomicUsize::new(0));
+        let model_connections = Arc::new(AtomicUsize::new(0));
+        let (c2, r2, m2, answer) =
+            (connections.clone(), requests.clone(), model_connections.clone(), Arc::new(answer));
+        std::thread::spawn(move || {
+            for conn in listener.incoming() {
+                let Ok(mut conn) = conn else { continue };
+                c2.fetch_add(1, Ordering::SeqCst);
+                let (r3, m3, answer) = (r2.clone(), m2.clone(), answer.clone());
+                let mut carried = false;
+                std::thread::spawn(move || loop {
+                    let Some((head, _)) = read_request(&mut conn) else { return };
+                    if head.starts_with("GET ") {
+                        if conn.write_all(b"HTTP/1.1 200 OK\r\ncontent-length: 0\r\n\r\n").is_err() {
+                            return;
+                        }
+                        continue;
+                    }
+                    if !std::mem::replace(&mut carried, true) {
+                        m3.fetch_add(1, Ordering::SeqCst);
+                    }
+                    let reply = answer(r3.fetch_add(1, Ordering::SeqCst));
+                    for (i, piece) in reply.pieces.iter().enumerate() {
+                        if i > 0 {
+                            std::thread::sleep(std::time::Duration::from_millis(20));
+                        }
+                        if conn.write_all(piece).and_then(|()| conn.flush()).is_err() {
+                            return;
+                        }
+                    }
+                    if reply.close {
+                        return;
+                    }
+                });
+            }
+        });
+        RawBackend { addr, connections, model_connections, requests }
     }
 
     pub fn url(&self) -> String {

@@ -12,8 +12,7 @@ use std::time::Instant;
 
 use bytes::{Bytes, BytesMut};
 use http::header;
-use pingora::http::{RequestHeader, ResponseHeader};
-use pingora::protocols::http::client::HttpSession;
+use pingora::http::ResponseHeader;
 use warmpath_wire::openai::ApiError;
 
 use super::downstream::Downstream;
@@ -22,6 +21,7 @@ use super::respond::{self, send_error};
 use crate::request::head::RequestTemplate;
 use crate::route::{self, Backend, Ejection, NoBackend, RouteKey, Selected};
 use crate::state::{AppState, RequestCtx};
+use crate::upstream::conn::Conn;
 use crate::upstream::FailKind;
 
 /// Most bytes of a 5xx body kept to hand to the client if no retry succeeds.
@@ -56,7 +56,7 @@ pub(super) enum Attempt {
 #[allow(clippy::large_enum_variant)]
 pub(super) enum Reached {
     /// Its response header is in (a status below 500, from [`reach`]).
-    Header(HttpSession, ResponseHeader),
+    Header(Conn, ResponseHeader),
     /// The client left while the backend had not answered yet.
     ClientGone,
     Failed(Failure),
@@ -71,15 +71,8 @@ enum Sent {
 }
 
 /// Sends the request and waits for the response header, watching the client meanwhile.
-async fn send(
-    up: &mut HttpSession,
-    req: RequestHeader,
-    body: &Bytes,
-    down: &mut dyn Downstream,
-) -> pingora::Result<Sent> {
-    up.write_request_header(Box::new(req)).await?;
-    up.write_request_body(body.clone(), true).await?;
-    up.finish_request_body().await?;
+async fn send(up: &mut Conn, head: &[u8], body: &Bytes, down: &mut dyn Downstream) -> pingora::Result<Sent> {
+    up.send(head, body).await?;
     tokio::select! {
         biased;
         r = up.read_response_header() => r.map(|()| Sent::Header),
@@ -104,9 +97,8 @@ pub(super) async fn open(
             Ok(x) => x,
             Err(e) => return Ok(Reached::Failed(Failure::Io(FailKind::of(&e)))),
         };
-        let mut req = template.build(&peer.url.base_path, &peer.authority, body.len())?;
-        peer.authorize(&mut req)?;
-        match send(&mut up, req, body, down).await {
+        let head = peer.request_head(template, body.len());
+        match send(&mut up, &head, body, down).await {
             Ok(Sent::Header) => {
                 let Some(header) = up.response_header().cloned() else {
                     return Ok(Reached::Failed(Failure::Io(FailKind::Io)));
@@ -144,7 +136,7 @@ pub(super) async fn reach(
             Ok(Some(b)) if buf.len() + b.len() <= MAX_ERROR_BODY => buf.extend_from_slice(&b),
             Ok(Some(_)) => break,
             Ok(None) => {
-                state.upstream.release(up, &backend.peer).await;
+                state.upstream.release(up, &backend.peer);
                 break;
             }
             Err(e) => return Ok(Reached::Failed(Failure::Io(FailKind::of(&e)))),

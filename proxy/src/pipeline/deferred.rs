@@ -10,7 +10,6 @@ use std::time::Instant;
 use bytes::{Bytes, BytesMut};
 use http::header;
 use pingora::http::ResponseHeader;
-use pingora::protocols::http::client::HttpSession;
 use serde_json::Value;
 use warmpath_wire::openai::ApiError;
 use warmpath_wire::sse;
@@ -28,6 +27,7 @@ use crate::route::{self, key, Backend, Selected};
 use crate::state::{AppState, RequestCtx};
 use crate::tools::search::{self, SearchPlan, StreamRound};
 use crate::tools::Api;
+use crate::upstream::conn::Conn;
 use crate::upstream::FailKind;
 
 /// Largest whole (non-streamed) response read to look for searches.
@@ -65,7 +65,7 @@ impl Rounds<'_> {
         ctx: &mut RequestCtx,
         turn: SearchTurn,
         calls: &[search::SearchCall],
-    ) -> pingora::Result<Result<Option<(HttpSession, ResponseHeader)>, String>> {
+    ) -> pingora::Result<Result<Option<(Conn, ResponseHeader)>, String>> {
         let t = Instant::now();
         let mut answer = match &turn {
             SearchTurn::Chat(content) => self.plan.answer(content.as_deref(), calls),
@@ -93,7 +93,7 @@ impl Rounds<'_> {
     }
 }
 
-async fn read_whole(up: &mut HttpSession) -> Result<Bytes, FailKind> {
+async fn read_whole(up: &mut Conn) -> Result<Bytes, FailKind> {
     let mut buf = BytesMut::new();
     loop {
         match up.read_response_body().await {
@@ -113,7 +113,7 @@ pub(super) async fn serve(
     plan: &SearchPlan,
     down: &mut dyn Downstream,
     ctx: &mut RequestCtx,
-    (up, header): (HttpSession, ResponseHeader),
+    (up, header): (Conn, ResponseHeader),
     headers: WarmpathHeaders<'_>,
 ) -> pingora::Result<Attempt> {
     let mut r = Rounds {
@@ -138,7 +138,7 @@ async fn whole(
     r: &mut Rounds<'_>,
     down: &mut dyn Downstream,
     ctx: &mut RequestCtx,
-    mut up: HttpSession,
+    mut up: Conn,
     mut header: ResponseHeader,
     headers: WarmpathHeaders<'_>,
 ) -> pingora::Result<Attempt> {
@@ -153,7 +153,7 @@ async fn whole(
             }
         };
         if up.response_done() {
-            r.state.upstream.release(up, &r.backend.peer).await;
+            r.state.upstream.release(up, &r.backend.peer);
         }
         let parsed: Option<Value> = serde_json::from_slice(&bytes).ok();
         let status = header.status.as_u16();
@@ -235,7 +235,7 @@ async fn stream(
     down: &mut dyn Downstream,
     ctx: &mut RequestCtx,
     route: LlmRoute,
-    mut up: HttpSession,
+    mut up: Conn,
     header: ResponseHeader,
     headers: WarmpathHeaders<'_>,
 ) -> pingora::Result<Attempt> {
@@ -308,7 +308,7 @@ async fn stream(
             }
         }
         if up.response_done() {
-            r.state.upstream.release(up, &r.backend.peer).await;
+            r.state.upstream.release(up, &r.backend.peer);
         }
         search::add_usage(&mut usage, round.usage.as_ref());
         if !round.done {

@@ -7,7 +7,6 @@ use std::time::Instant;
 
 use http::header;
 use pingora::http::ResponseHeader;
-use pingora::protocols::http::client::HttpSession;
 
 use super::attempt::{self, Attempt, Reached, Retries};
 use super::downstream::Downstream;
@@ -20,6 +19,7 @@ use crate::observe::trace::Kind;
 use crate::request::LlmRoute;
 use crate::route::{key, RouteKey, Selected};
 use crate::state::RequestCtx;
+use crate::upstream::conn::Conn;
 
 /// Forwards `out` to a backend of its pool under `key`, retrying elsewhere on a failure before
 /// the first byte; the answer (or the error) goes to `down`.
@@ -127,7 +127,7 @@ async fn relay_answer(
     sel: &Selected,
     down: &mut dyn Downstream,
     ctx: &mut RequestCtx,
-    (mut up, up_header): (HttpSession, ResponseHeader),
+    (mut up, up_header): (Conn, ResponseHeader),
     headers: WarmpathHeaders<'_>,
 ) -> pingora::Result<Attempt> {
     let (state, pool, route) = (out.state, &*out.pool.route, out.route);
@@ -185,7 +185,7 @@ async fn relay_answer(
         Pumped::Complete => {
             backend.record_success(&state.cfg.health, Instant::now());
             if up.response_done() {
-                state.upstream.release(up, &backend.peer).await;
+                state.upstream.release(up, &backend.peer);
             }
             if down.write_response_body(None, true).await.is_err() {
                 super::client_left(state, down, ctx);

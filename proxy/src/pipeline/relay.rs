@@ -4,13 +4,13 @@
 use std::time::Instant;
 
 use bytes::Bytes;
-use pingora::protocols::http::client::HttpSession;
 use warmpath_wire::openai::ApiError;
 use warmpath_wire::sse;
 
 use super::downstream::Downstream;
 use crate::request::LlmRoute;
 use crate::route::PrefillTicket;
+use crate::upstream::conn::Conn;
 use crate::upstream::FailKind;
 
 /// How a relay ended.
@@ -230,7 +230,7 @@ fn trim(b: &[u8]) -> &[u8] {
 /// cache's recording, the response id). `first_byte` is set when the first chunk is sent, and
 /// `prefill` released when `watch` sees the prefill done.
 pub async fn pump(
-    up: &mut HttpSession,
+    up: &mut Conn,
     down: &mut dyn Downstream,
     first_byte: &mut Option<Instant>,
     (prefill, watch): (&PrefillTicket, &mut PrefillWatch),

@@ -148,18 +148,9 @@ impl RequestTemplate {
         self.headers.iter().find(|(n, _)| n.as_str() == name).and_then(|(_, v)| v.to_str().ok())
     }
 
-    /// The request header for a backend at `authority` whose URL has `base_path`.
-    pub fn build(&self, base_path: &str, authority: &str, body_len: usize) -> pingora::Result<RequestHeader> {
-        let mut path = Vec::with_capacity(base_path.len() + self.path.len());
-        path.extend_from_slice(base_path.as_bytes());
-        path.extend_from_slice(&self.path);
-        let mut req = RequestHeader::build(self.method.as_str(), &path, Some(self.headers.len() + 2))?;
-        req.insert_header(header::HOST, authority)?;
-        for (n, v) in &self.headers {
-            req.append_header(n.clone(), v.clone())?;
-        }
-        req.insert_header(header::CONTENT_LENGTH, body_len.to_string())?;
-        Ok(req)
+    /// The method, path (query included) and headers the backend gets.
+    pub fn parts(&self) -> (&http::Method, &[u8], &[(HeaderName, http::HeaderValue)]) {
+        (&self.method, &self.path, &self.headers)
     }
 }
 

@@ -1,23 +1,29 @@
-//! Talking to backends through pingora's connector pool: the shared [`Upstream`], each
-//! backend's [`Peer`] (where and how to connect), a small `GET` for probes and model lists, and
-//! the classification of pingora's errors into what the proxy acts on (retry or not, eject or
-//! not, which status the client gets).
+//! Talking to backends: the shared [`Upstream`] (connections made or taken from a backend's
+//! idle pool), each backend's [`Peer`] (where and how to connect, its idle connections), a
+//! small `GET` and `POST` for probes, model lists and moderation, and the classification of
+//! errors into what the proxy acts on (retry or not, eject or not, which status the client
+//! gets). The HTTP/1.1 exchange itself is warmpath's own ([`conn`], [`wire`]).
 
+pub mod conn;
 pub mod dns;
+pub mod idle;
+pub mod wire;
 
 use std::net::SocketAddr;
 use std::path::Path;
 use std::time::Duration;
 
 use bytes::{Bytes, BytesMut};
-use pingora::connectors::http::Connector;
-use pingora::connectors::ConnectorOptions;
-use pingora::http::RequestHeader;
-use pingora::protocols::http::client::HttpSession;
+use pingora::connectors::{ConnectorOptions, TransportConnector};
 use pingora::upstreams::peer::HttpPeer;
 use pingora::{Error, ErrorType};
+use tokio::net::TcpStream;
 
+use self::conn::{Conn, Io};
+use self::idle::IdlePool;
+use self::wire::RequestHead;
 use crate::config::{BackendUrl, UpstreamConfig};
+use crate::request::head::RequestTemplate;
 
 /// One backend's address as the connector uses it.
 #[derive(Debug)]
@@ -30,6 +36,8 @@ pub struct Peer {
     /// `Authorization` for every request to this backend (its own API key), replacing the
     /// client's.
     authorization: Option<http::HeaderValue>,
+    /// Connections to it between requests.
+    pub idle: IdlePool,
 }
 
 impl Peer {
@@ -52,7 +60,13 @@ impl Peer {
         peer.options.read_timeout = Some(ms(up.idle_timeout_ms));
         peer.options.write_timeout = Some(ms(up.idle_timeout_ms));
         peer.options.idle_timeout = Some(ms(up.pool_idle_timeout_ms));
-        Ok(Peer { authority: url.authority(), url, http: peer, authorization: None })
+        Ok(Peer {
+            authority: url.authority(),
+            url,
+            http: peer,
+            authorization: None,
+            idle: IdlePool::default(),
+        })
     }
 
     /// The address it connects to.
@@ -63,13 +77,31 @@ impl Peer {
         }
     }
 
-    /// Puts the backend's own key on a request to it (in place of the client's), where it has
-    /// one: every request to a backend is built through here.
-    pub fn authorize(&self, req: &mut RequestHeader) -> pingora::Result<()> {
+    /// Puts the backend's own key on a request to it, where it has one.
+    pub fn authorize(&self, req: &mut RequestHead) {
         if let Some(a) = &self.authorization {
-            req.insert_header(http::header::AUTHORIZATION, a.clone())?;
+            req.header("authorization", a.as_bytes());
         }
-        Ok(())
+    }
+
+    /// The head of a forwarded request to this backend, as sent: `template`'s method, path
+    /// (after the backend's base path) and headers, `Host` and `Content-Length` set, and the
+    /// backend's own key in place of the client's `Authorization` where it has one.
+    pub fn request_head(&self, template: &RequestTemplate, body_len: usize) -> Vec<u8> {
+        let (method, path, headers) = template.parts();
+        let room: usize = headers.iter().map(|(n, v)| n.as_str().len() + v.len() + 4).sum();
+        let mut req =
+            RequestHead::new(method.as_str(), &self.url.base_path, path, room + self.authority.len() + 48);
+        req.header("host", self.authority.as_bytes());
+        let own_key = self.authorization.is_some();
+        for (n, v) in headers {
+            if !(own_key && n == http::header::AUTHORIZATION) {
+                req.header(n.as_str(), v.as_bytes());
+            }
+        }
+        self.authorize(&mut req);
+        req.content_length(body_len);
+        req.finish()
     }
 
     /// The backend's own API key, sent on every request to it.
@@ -87,10 +119,12 @@ impl Peer {
     }
 }
 
-/// The upstream side: one connector (and its connection pool) for the whole process.
+/// The upstream side, one for the whole process: how connections are made (TLS settings) and
+/// how long an idle one is kept.
 pub struct Upstream {
-    pub connector: Connector,
-    /// How long a released connection may idle in the pool.
+    /// TCP + TLS for `https://` backends (roots, client certificate, SNI, ALPN).
+    tls: TransportConnector,
+    /// How long a released connection may idle in its backend's pool.
     pub pool_idle: Duration,
 }
 
@@ -98,25 +132,56 @@ impl Upstream {
     /// `ca_file`: the roots `https://` backends are checked against (the system's, when
     /// none); `client`: warmpath's certificate and key for backends that ask (mTLS).
     pub fn new(pool_idle: Duration, ca_file: Option<&Path>, client: Option<(&Path, &Path)>) -> Upstream {
-        let mut options = ConnectorOptions::new(128);
+        let mut options = ConnectorOptions::new(1);
         options.ca_file = ca_file.map(|p| p.display().to_string());
         options.cert_key_file = client.map(|(c, k)| (c.display().to_string(), k.display().to_string()));
-        Upstream { connector: Connector::new(Some(options)), pool_idle }
+        Upstream { tls: TransportConnector::new(Some(options)), pool_idle }
     }
 
-    /// A connection to `backend` (pooled or new; `true` when reused) with the idle timeout on
-    /// every read and write: pingora's connector leaves the peer's timeouts to its proxy loop.
-    pub async fn connect(&self, peer: &Peer) -> Result<(HttpSession, bool), Box<Error>> {
-        let (mut s, reused) = self.connector.get_http_session(&peer.http).await?;
-        s.set_read_timeout(peer.http.options.read_timeout);
-        s.set_write_timeout(peer.http.options.write_timeout);
-        Ok((s, reused))
+    /// A connection to `backend` (idle or new; `true` when reused) with the backend's idle
+    /// timeout on every read and write.
+    pub async fn connect(&self, peer: &Peer) -> Result<(Conn, bool), Box<Error>> {
+        let timeout = peer.http.options.read_timeout;
+        if let Some(c) = peer.idle.take(self.pool_idle) {
+            return Ok((c, true));
+        }
+        let io = if peer.url.tls {
+            Io::Tls(self.tls.new_stream(&peer.http).await?)
+        } else {
+            let addr = peer.addr().ok_or_else(|| Error::explain(ErrorType::ConnectError, "no address"))?;
+            Io::Tcp(dial(addr, peer.http.options.connection_timeout).await?)
+        };
+        Ok((Conn::new(io, timeout), false))
     }
 
-    /// Returns a connection whose response was read to the end to the pool.
-    pub async fn release(&self, session: HttpSession, peer: &Peer) {
-        self.connector.release_http_session(session, &peer.http, Some(self.pool_idle)).await;
+    /// Hands a connection back after its exchange: kept for the next request when its
+    /// response was read to the end and the backend keeps it open, else closed.
+    pub fn release(&self, conn: Conn, peer: &Peer) {
+        if conn.reusable() {
+            peer.idle.put(conn);
+        }
     }
+}
+
+/// A TCP connection to `addr`, without Nagle's delay (a request is written whole).
+async fn dial(addr: SocketAddr, timeout: Option<Duration>) -> Result<TcpStream, Box<Error>> {
+    let connect = TcpStream::connect(addr);
+    let stream = match timeout {
+        Some(t) => tokio::time::timeout(t, connect)
+            .await
+            .map_err(|_| Error::explain(ErrorType::ConnectTimedout, format!("connecting to {addr}")))?,
+        None => connect.await,
+    }
+    .map_err(|e| {
+        let kind = match e.kind() {
+            std::io::ErrorKind::ConnectionRefused => ErrorType::ConnectRefused,
+            std::io::ErrorKind::TimedOut => ErrorType::ConnectTimedout,
+            _ => ErrorType::ConnectError,
+        };
+        Error::because(kind, format!("connecting to {addr}"), e)
+    })?;
+    stream.set_nodelay(true).map_err(|e| Error::because(ErrorType::SocketError, "TCP_NODELAY", e))?;
+    Ok(stream)
 }
 
 /// What went wrong with a backend, as far as the proxy cares.
@@ -161,25 +226,30 @@ pub async fn post_json(
     body: Bytes,
     bearer: Option<&str>,
 ) -> Result<(u16, Bytes), String> {
-    let full = format!("{}{path}", peer.url.base_path);
-    let (mut s, _) = up.connect(peer).await.map_err(|e| e.to_string())?;
-    let mut req = RequestHeader::build("POST", full.as_bytes(), Some(4)).map_err(|e| e.to_string())?;
-    let e = |e: Box<Error>| e.to_string();
-    req.insert_header(http::header::HOST, peer.authority.as_str()).map_err(e)?;
-    req.insert_header(http::header::CONTENT_TYPE, "application/json").map_err(e)?;
-    req.insert_header(http::header::CONTENT_LENGTH, body.len().to_string()).map_err(e)?;
+    let mut req = RequestHead::new("POST", &peer.url.base_path, path.as_bytes(), 128);
+    req.header("host", peer.authority.as_bytes());
+    req.header("content-type", b"application/json");
+    req.content_length(body.len());
     if let Some(key) = bearer {
-        req.insert_header(http::header::AUTHORIZATION, format!("Bearer {key}")).map_err(e)?;
+        req.header("authorization", format!("Bearer {key}").as_bytes());
     }
-    s.write_request_header(Box::new(req)).await.map_err(e)?;
-    s.write_request_body(body, true).await.map_err(e)?;
-    s.finish_request_body().await.map_err(e)?;
-    read_whole(up, peer, s).await
+    exchange(up, peer, req.finish(), &body).await
 }
 
-/// Reads a response whose request is sent: its status and body (at most 4 MiB); the connection
-/// goes back to the pool.
-async fn read_whole(up: &Upstream, peer: &Peer, mut s: HttpSession) -> Result<(u16, Bytes), String> {
+/// `GET {base}{path}` with a deadline; the status and body (at most 4 MiB).
+pub async fn get(up: &Upstream, peer: &Peer, path: &str, timeout: Duration) -> Result<(u16, Bytes), String> {
+    let mut req = RequestHead::new("GET", &peer.url.base_path, path.as_bytes(), 64);
+    req.header("host", peer.authority.as_bytes());
+    peer.authorize(&mut req);
+    let call = exchange(up, peer, req.finish(), b"");
+    tokio::time::timeout(timeout, call).await.map_err(|_| format!("no answer within {timeout:?}"))?
+}
+
+/// Sends one request and reads its response whole: the status and body (at most 4 MiB); the
+/// connection goes back to the pool.
+async fn exchange(up: &Upstream, peer: &Peer, head: Vec<u8>, body: &[u8]) -> Result<(u16, Bytes), String> {
+    let (mut s, _) = up.connect(peer).await.map_err(|e| e.to_string())?;
+    s.send(&head, body).await.map_err(|e| e.to_string())?;
     s.read_response_header().await.map_err(|e| e.to_string())?;
     let status = s.response_header().map(|h| h.status.as_u16()).unwrap_or(0);
     let mut body = BytesMut::new();
@@ -189,21 +259,6 @@ async fn read_whole(up: &Upstream, peer: &Peer, mut s: HttpSession) -> Result<(u
         }
         body.extend_from_slice(&chunk);
     }
-    up.release(s, peer).await;
+    up.release(s, peer);
     Ok((status, body.freeze()))
-}
-
-/// `GET {base}{path}` with a deadline; the status and body (at most 4 MiB).
-pub async fn get(up: &Upstream, peer: &Peer, path: &str, timeout: Duration) -> Result<(u16, Bytes), String> {
-    let call = async {
-        let full = format!("{}{path}", peer.url.base_path);
-        let (mut s, _) = up.connect(peer).await.map_err(|e| e.to_string())?;
-        let mut req = RequestHeader::build("GET", full.as_bytes(), Some(2)).map_err(|e| e.to_string())?;
-        req.insert_header(http::header::HOST, peer.authority.as_str()).map_err(|e| e.to_string())?;
-        peer.authorize(&mut req).map_err(|e| e.to_string())?;
-        s.write_request_header(Box::new(req)).await.map_err(|e| e.to_string())?;
-        s.finish_request_body().await.map_err(|e| e.to_string())?;
-        read_whole(up, peer, s).await
-    };
-    tokio::time::timeout(timeout, call).await.map_err(|_| format!("no answer within {timeout:?}"))?
 }

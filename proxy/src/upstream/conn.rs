@@ -1,0 +1,242 @@
+//! One HTTP/1.1 connection to a backend: a request's head and body written in one system call
+//! (a vectored write), its response head and body read through one buffer, every read and
+//! write under the backend's idle timeout. Plain TCP is a tokio socket; `https://` backends
+//! get their TLS stream from pingora's transport connector (certificates, SNI, client keys).
+//!
+//! Why not pingora's HTTP/1 client: per proxied request it wrote the head and the body in two
+//! `sendto`s, asked the kernel for a pooled connection's peer (`getpeername`) on every reuse,
+//! and parked each released connection behind a spawned idle-watch task; and it handed a
+//! chunked body over one chunk at a time, so the chunks of one read cost one relay step each.
+//! Here a read's whole chunks come out together, and an idle connection is checked with
+//! tokio's readiness, which costs no system call while the backend has sent nothing.
+
+use std::io::IoSlice;
+use std::pin::Pin;
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use bytes::{Bytes, BytesMut};
+use pingora::http::ResponseHeader;
+use pingora::time::fast_timeout::fast_timeout;
+use pingora::{Error, ErrorType, Result};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, ReadBuf};
+use tokio::net::TcpStream;
+
+use super::wire::{parse_response, BodyDecoder};
+
+/// Room a read asks of the buffer: an SSE event or a small answer in one read.
+const READ_ROOM: usize = 16 * 1024;
+
+/// The transport under a connection.
+pub enum Io {
+    Tcp(TcpStream),
+    /// TLS (pingora's stream: rustls over its TCP stream).
+    Tls(pingora::protocols::Stream),
+}
+
+/// One connection to a backend and where its current exchange stands.
+pub struct Conn {
+    io: Io,
+    /// Bytes read and not yet taken (a partial head, body bytes).
+    buf: BytesMut,
+    header: Option<ResponseHeader>,
+    body: Option<BodyDecoder>,
+    keep_alive: bool,
+    /// A read or write failed, or an exchange was left unfinished: never reused.
+    broken: bool,
+    timeout: Option<Duration>,
+}
+
+impl Conn {
+    /// A connection over `io` whose every read and write may wait at most `timeout`.
+    pub fn new(io: Io, timeout: Option<Duration>) -> Conn {
+        Conn { io, buf: BytesMut::new(), header: None, body: None, keep_alive: false, broken: false, timeout }
+    }
+
+    /// Writes a request: `head` (from [`super::wire::RequestHead`]) and `body` together.
+    pub async fn send(&mut self, head: &[u8], body: &[u8]) -> Result<()> {
+        self.header = None;
+        self.body = None;
+        self.broken = true;
+        let write = async {
+            let total = head.len() + body.len();
+            let mut done = 0;
+            while done < total {
+                let n = if done < head.len() {
+                    let parts = [IoSlice::new(&head[done..]), IoSlice::new(body)];
+                    self.io.write_vectored(&parts).await?
+                } else {
+                    self.io.write(&body[done - head.len()..]).await?
+                };
+                if n == 0 {
+                    return Err(std::io::ErrorKind::WriteZero.into());
+                }
+                done += n;
+            }
+            self.io.flush().await
+        };
+        match self.timeout {
+            Some(t) => fast_timeout(t, write).await.map_err(|_| timed_out(ErrorType::WriteTimedout))?,
+            None => write.await,
+        }
+        .map_err(|e| Error::because(ErrorType::WriteError, "writing to the backend", e))?;
+        self.broken = false;
+        Ok(())
+    }
+
+    /// Reads the response head (past any 1xx interim responses).
+    pub async fn read_response_header(&mut self) -> Result<()> {
+        self.broken = true;
+        loop {
+            if let Some(head) = parse_response(&self.buf)? {
+                let _ = self.buf.split_to(head.len);
+                if head.header.status.is_informational() {
+                    continue;
+                }
+                self.keep_alive = head.keep_alive;
+                self.body = Some(BodyDecoder::new(head.framing));
+                self.header = Some(head.header);
+                self.broken = false;
+                return Ok(());
+            }
+            if self.read_more().await? == 0 {
+                return Err(Error::explain(
+                    ErrorType::ConnectionClosed,
+                    "the backend closed the connection before a response",
+                ));
+            }
+        }
+    }
+
+    /// The response head, once read.
+    pub fn response_header(&self) -> Option<&ResponseHeader> {
+        self.header.as_ref()
+    }
+
+    /// The next piece of the response body (all that one read brought, framing removed);
+    /// `None` once it has ended.
+    pub async fn read_response_body(&mut self) -> Result<Option<Bytes>> {
+        loop {
+            let Some(body) = &mut self.body else { return Ok(None) };
+            let piece = match body.decode(&mut self.buf) {
+                Ok(p) => p,
+                Err(e) => {
+                    self.broken = true;
+                    return Err(e);
+                }
+            };
+            if !piece.is_empty() {
+                return Ok(Some(piece));
+            }
+            if body.done() {
+                return Ok(None);
+            }
+            if self.read_more().await? == 0 {
+                // A body read to the close ends here (the connection with it); any other is cut.
+                self.keep_alive = false;
+                if let Some(Err(e)) = self.body.as_mut().map(BodyDecoder::eof) {
+                    self.broken = true;
+                    return Err(e);
+                }
+            }
+        }
+    }
+
+    /// Whether the whole response body has been read.
+    pub fn response_done(&self) -> bool {
+        self.body.as_ref().is_some_and(BodyDecoder::done)
+    }
+
+    /// Whether another request may use this connection: its response read to the end, nothing
+    /// unread, the backend keeping it open.
+    pub fn reusable(&self) -> bool {
+        self.keep_alive && !self.broken && self.response_done() && self.buf.is_empty()
+    }
+
+    /// Whether an idle connection is still good: the backend has neither closed it nor sent
+    /// anything. A plain socket answers from tokio's readiness (no system call unless the
+    /// reactor saw it readable); a TLS one is trusted (a stale one fails on use and the
+    /// request is sent again on a new connection).
+    pub fn idle_ok(&self) -> bool {
+        match &self.io {
+            Io::Tcp(s) => {
+                matches!(s.try_read(&mut [0u8; 1]), Err(e) if e.kind() == std::io::ErrorKind::WouldBlock)
+            }
+            Io::Tls(_) => true,
+        }
+    }
+
+    /// Reads more into the buffer: how many bytes (0 at the end of the connection).
+    async fn read_more(&mut self) -> Result<usize> {
+        if self.buf.capacity() - self.buf.len() < READ_ROOM / 4 {
+            self.buf.reserve(READ_ROOM);
+        }
+        let read = self.io.read_buf(&mut self.buf);
+        let r = match self.timeout {
+            Some(t) => fast_timeout(t, read).await.map_err(|_| timed_out(ErrorType::ReadTimedout))?,
+            None => read.await,
+        };
+        r.map_err(|e| {
+            self.broken = true;
+            Error::because(ErrorType::ReadError, "reading from the backend", e)
+        })
+    }
+}
+
+fn timed_out(kind: ErrorType) -> Box<Error> {
+    Error::explain(kind, "the backend was silent past the idle timeout")
+}
+
+impl AsyncRead for Io {
+    fn poll_read(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<std::io::Result<()>> {
+        match self.get_mut() {
+            Io::Tcp(s) => Pin::new(s).poll_read(cx, buf),
+            Io::Tls(s) => Pin::new(s).poll_read(cx, buf),
+        }
+    }
+}
+
+impl AsyncWrite for Io {
+    fn poll_write(self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &[u8]) -> Poll<std::io::Result<usize>> {
+        match self.get_mut() {
+            Io::Tcp(s) => Pin::new(s).poll_write(cx, buf),
+            Io::Tls(s) => Pin::new(s).poll_write(cx, buf),
+        }
+    }
+
+    fn poll_write_vectored(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[IoSlice<'_>],
+    ) -> Poll<std::io::Result<usize>> {
+        match self.get_mut() {
+            Io::Tcp(s) => Pin::new(s).poll_write_vectored(cx, bufs),
+            Io::Tls(s) => Pin::new(s).poll_write_vectored(cx, bufs),
+        }
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        match self {
+            Io::Tcp(s) => s.is_write_vectored(),
+            Io::Tls(s) => s.is_write_vectored(),
+        }
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        match self.get_mut() {
+            Io::Tcp(s) => Pin::new(s).poll_flush(cx),
+            Io::Tls(s) => Pin::new(s).poll_flush(cx),
+        }
+    }
+
+    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        match self.get_mut() {
+            Io::Tcp(s) => Pin::new(s).poll_shutdown(cx),
+            Io::Tls(s) => Pin::new(s).poll_shutdown(cx),
+        }
+    }
+}
