@@ -98,6 +98,8 @@ async fn measure(t: &Target, body: &Bytes, n: usize, concurrency: usize, probe: 
 
 /// The warmpath target with every request-shaping stage on.
 const FULL: &str = "round_robin+canon+defer";
+/// The same with cache-aware routing (block hashes of the canonical prompt, the prefix index).
+const CACHE_AWARE: &str = "cache_aware+canon+defer";
 
 pub async fn run(a: Args) -> anyhow::Result<()> {
     let (requests, rounds) = if a.quick { (500, 1) } else { (a.requests, a.rounds) };
@@ -114,6 +116,7 @@ pub async fn run(a: Args) -> anyhow::Result<()> {
         targets::warmpath(&[up], &[], "round_robin", a.proxy_threads, "")?,
         // Everything on: canonicalization, block hashing with the engine's tokenizer, deferral.
         targets::warmpath(&[up], &[], FULL, a.proxy_threads, "")?,
+        targets::warmpath(&[up], &[], CACHE_AWARE, a.proxy_threads, "")?,
     ];
     if let Some(bin) = &a.baseline {
         for spec in ["round_robin", FULL] {
@@ -300,8 +303,10 @@ pub async fn run(a: Args) -> anyhow::Result<()> {
                 }
             }
         }
-        if let (Some(full), Some(ng)) = (exact(&format!("warmpath {FULL}")), get("nginx")) {
-            let _ = writeln!(md, "- warmpath {FULL} CPU / nginx CPU: **{:.2}×**", full / ng);
+        for spec in [FULL, CACHE_AWARE] {
+            if let (Some(full), Some(ng)) = (exact(&format!("warmpath {spec}")), get("nginx")) {
+                let _ = writeln!(md, "- warmpath {spec} CPU / nginx CPU: **{:.2}×**", full / ng);
+            }
         }
         per_workload.push(cpu_of.clone());
         if let Some(wp) = exact("warmpath round_robin") {
