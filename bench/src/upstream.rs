@@ -104,6 +104,13 @@ pub fn start() -> anyhow::Result<SocketAddr> {
                 .route("/get_server_info", get(|| async { json("{}".into()) }))
                 .route("/model_info", get(|| async { json(format!(r#"{{"model_path":"{MODEL}","is_generation":true}}"#)) }))
                 .route("/get_model_info", get(|| async { json(format!(r#"{{"model_path":"{MODEL}","is_generation":true}}"#)) }));
+            // As real model servers do (uvicorn, the bundled engine): each event goes out as
+            // it is written, not held by Nagle's algorithm until the last one is acknowledged
+            // (which would batch a stream's events for proxies that delay their ACKs, and not
+            // for those that do not).
+            let listener = axum::serve::ListenerExt::tap_io(listener, |tcp| {
+                let _ = tcp.set_nodelay(true);
+            });
             let _ = axum::serve(listener, app).await;
         });
     })?;

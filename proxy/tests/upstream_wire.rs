@@ -116,25 +116,53 @@ fn answers_that_are_not_http_are_a_502_against_the_backend() {
     assert_eq!(metric(&m, "warmpath_upstream_errors_total{backend=\"b\",kind=\"io\"}"), Some(3.0), "{m}");
 }
 
+fn event(text: &str) -> String {
+    let chunk = serde_json::json!({"id": "c", "object": "chat.completion.chunk", "created": 1,
+        "model": "m", "choices": [{"index": 0, "delta": {"content": text}}]});
+    format!("data: {chunk}\n\n")
+}
+
+const SSE_HEAD: &str =
+    "HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n";
+
+fn streamed(proxy: &Proxy) -> Resp {
+    let mut body = chat("m", "hi", 4);
+    body["stream"] = serde_json::json!(true);
+    post_json(proxy.addr, "/v1/chat/completions", &body)
+}
+
+#[test]
+fn a_stream_that_goes_silent_is_cut_at_the_idle_timeout() {
+    // Events 20 ms apart for a while (each read moves the idle deadline), then silence.
+    let b = RawBackend::start(|_| {
+        let mut pieces = vec![format!("{SSE_HEAD}{}", chunk(&event("0"))).into_bytes()];
+        pieces.extend((1..20).map(|i| chunk(&event(&i.to_string())).into_bytes()));
+        RawReply { pieces, close: false }
+    });
+    let p = policy(&format!("{NO_PROBES}[upstream]\nidle_timeout_ms = 150\n"), "", &["m"], &[("b", b.url())]);
+    let proxy = Proxy::start(&p);
+    let t = std::time::Instant::now();
+    let r = streamed(&proxy);
+    assert!(t.elapsed() < std::time::Duration::from_secs(3), "cut soon after the silence: {:?}", t.elapsed());
+    let (data, events) = sse(&r.text());
+    assert_eq!(
+        data.iter().filter(|d| d.contains("\"delta\"")).count(),
+        20,
+        "every event before the silence: {data:?}"
+    );
+    assert_eq!(events, ["error"], "{}", r.text());
+    assert!(r.clean_end);
+}
+
 #[test]
 fn a_broken_chunk_mid_stream_ends_the_stream_with_an_error_event() {
-    let event = |t: &str| {
-        format!(
-            "data: {}\n\n",
-            serde_json::json!({"id": "c", "object": "chat.completion.chunk", "created": 1,
-            "model": "m", "choices": [{"index": 0, "delta": {"content": t}}]})
-        )
-    };
-    let head = "HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n";
-    let first = format!("{head}{}{}", chunk(&event("one")), chunk(&event("two")));
+    let first = format!("{SSE_HEAD}{}{}", chunk(&event("one")), chunk(&event("two")));
     let b = RawBackend::start(move |_| RawReply {
         pieces: vec![first.clone().into_bytes(), b"zz; not hex\r\n".to_vec()],
         close: false,
     });
     let proxy = proxy_for(&b);
-    let mut body = chat("m", "hi", 4);
-    body["stream"] = serde_json::json!(true);
-    let r = post_json(proxy.addr, "/v1/chat/completions", &body);
+    let r = streamed(&proxy);
     assert_eq!(r.status, 200);
     assert!(r.clean_end, "the client's stream is ended properly");
     let (data, events) = sse(&r.text());

@@ -12,6 +12,7 @@ mod logprobs;
 mod text;
 mod tokenize;
 
+use axum::serve::ListenerExt;
 use std::net::SocketAddr;
 use std::sync::Arc;
 
@@ -73,6 +74,12 @@ pub async fn serve(
     state: Arc<AppState>,
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
+    // Tokens go out as they are made: without TCP_NODELAY the kernel holds each small write
+    // until the last one is acknowledged, and a client that delays its ACKs (a proxy on a
+    // kept-alive connection does) would see the first token 40 ms late.
+    let listener = listener.tap_io(|tcp| {
+        let _ = tcp.set_nodelay(true);
+    });
     axum::serve(listener, router(state)).with_graceful_shutdown(shutdown).await
 }
 

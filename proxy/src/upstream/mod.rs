@@ -156,8 +156,9 @@ impl Upstream {
 
     /// Hands a connection back after its exchange: kept for the next request when its
     /// response was read to the end and the backend keeps it open, else closed.
-    pub fn release(&self, conn: Conn, peer: &Peer) {
+    pub fn release(&self, mut conn: Conn, peer: &Peer) {
         if conn.reusable() {
+            conn.park();
             peer.idle.put(conn);
         }
     }
