@@ -62,10 +62,11 @@ pub(super) enum Reached {
     Failed(Failure),
 }
 
-/// How sending a request ended, short of an error.
+/// How sending a request ended, short of an error. Taken apart at once, like [`Reached`].
+#[allow(clippy::large_enum_variant)]
 enum Sent {
     /// The response header is in.
-    Header,
+    Header(ResponseHeader),
     /// The client left first.
     ClientGone,
 }
@@ -75,7 +76,7 @@ async fn send(up: &mut Conn, head: &[u8], body: &Bytes, down: &mut dyn Downstrea
     up.send(head, body).await?;
     tokio::select! {
         biased;
-        r = up.read_response_header() => r.map(|()| Sent::Header),
+        r = up.read_response_header() => r.map(Sent::Header),
         _ = down.gone() => Ok(Sent::ClientGone),
     }
 }
@@ -99,12 +100,7 @@ pub(super) async fn open(
         };
         let head = peer.request_head(template, body.len());
         match send(&mut up, &head, body, down).await {
-            Ok(Sent::Header) => {
-                let Some(header) = up.response_header().cloned() else {
-                    return Ok(Reached::Failed(Failure::Io(FailKind::Io)));
-                };
-                return Ok(Reached::Header(up, header));
-            }
+            Ok(Sent::Header(header)) => return Ok(Reached::Header(up, header)),
             Ok(Sent::ClientGone) => return Ok(Reached::ClientGone),
             Err(e) if reused && may_redial && FailKind::of(&e) == FailKind::Io => {
                 may_redial = false;

@@ -40,7 +40,6 @@ pub struct Conn {
     io: Io,
     /// Bytes read and not yet taken (a partial head, body bytes).
     buf: BytesMut,
-    header: Option<ResponseHeader>,
     body: Option<BodyDecoder>,
     keep_alive: bool,
     /// A read or write failed, or an exchange was left unfinished: never reused.
@@ -55,21 +54,11 @@ pub struct Conn {
 impl Conn {
     /// A connection over `io` whose every read and write may wait at most `timeout`.
     pub fn new(io: Io, timeout: Option<Duration>) -> Conn {
-        Conn {
-            io,
-            buf: BytesMut::new(),
-            header: None,
-            body: None,
-            keep_alive: false,
-            broken: false,
-            timeout,
-            timer: None,
-        }
+        Conn { io, buf: BytesMut::new(), body: None, keep_alive: false, broken: false, timeout, timer: None }
     }
 
     /// Writes a request: `head` (from [`super::wire::RequestHead`]) and `body` together.
     pub async fn send(&mut self, head: &[u8], body: &[u8]) -> Result<()> {
-        self.header = None;
         self.body = None;
         self.broken = true;
         let write = async {
@@ -98,8 +87,9 @@ impl Conn {
         Ok(())
     }
 
-    /// Reads the response head (past any 1xx interim responses).
-    pub async fn read_response_header(&mut self) -> Result<()> {
+    /// Reads the response head (past any 1xx interim responses); the body follows with
+    /// [`Conn::read_response_body`].
+    pub async fn read_response_header(&mut self) -> Result<ResponseHeader> {
         self.broken = true;
         loop {
             if let Some(head) = parse_response(&self.buf)? {
@@ -113,9 +103,8 @@ impl Conn {
                     // More is to come (a stream): see `ack_now`.
                     self.ack_now();
                 }
-                self.header = Some(head.header);
                 self.broken = false;
-                return Ok(());
+                return Ok(head.header);
             }
             if self.read_more().await? == 0 {
                 return Err(Error::explain(
@@ -124,11 +113,6 @@ impl Conn {
                 ));
             }
         }
-    }
-
-    /// The response head, once read.
-    pub fn response_header(&self) -> Option<&ResponseHeader> {
-        self.header.as_ref()
     }
 
     /// The next piece of the response body (all that one read brought, framing removed);

@@ -251,8 +251,7 @@ pub async fn get(up: &Upstream, peer: &Peer, path: &str, timeout: Duration) -> R
 async fn exchange(up: &Upstream, peer: &Peer, head: Vec<u8>, body: &[u8]) -> Result<(u16, Bytes), String> {
     let (mut s, _) = up.connect(peer).await.map_err(|e| e.to_string())?;
     s.send(&head, body).await.map_err(|e| e.to_string())?;
-    s.read_response_header().await.map_err(|e| e.to_string())?;
-    let status = s.response_header().map(|h| h.status.as_u16()).unwrap_or(0);
+    let status = s.read_response_header().await.map_err(|e| e.to_string())?.status.as_u16();
     let mut body = BytesMut::new();
     while let Some(chunk) = s.read_response_body().await.map_err(|e| e.to_string())? {
         if body.len() + chunk.len() > 4 << 20 {

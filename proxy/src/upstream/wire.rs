@@ -45,8 +45,7 @@ impl RequestHead {
     }
 
     pub fn content_length(&mut self, len: usize) {
-        let digits = itoa(len);
-        self.header("content-length", digits.as_slice());
+        self.header("content-length", itoa::Buffer::new().format(len).as_bytes());
     }
 
     /// The head as sent: every line, then the blank one.
@@ -59,32 +58,6 @@ impl RequestHead {
     pub fn as_bytes(&self) -> &[u8] {
         &self.0
     }
-}
-
-/// Decimal digits of `n` without a formatter.
-struct Digits {
-    buf: [u8; 20],
-    start: usize,
-}
-
-impl Digits {
-    fn as_slice(&self) -> &[u8] {
-        &self.buf[self.start..]
-    }
-}
-
-fn itoa(mut n: usize) -> Digits {
-    let mut buf = [0u8; 20];
-    let mut i = buf.len();
-    loop {
-        i -= 1;
-        buf[i] = b'0' + (n % 10) as u8;
-        n /= 10;
-        if n == 0 {
-            break;
-        }
-    }
-    Digits { buf, start: i }
 }
 
 /// How a response's body ends.
@@ -146,7 +119,7 @@ pub fn parse_response(buf: &[u8]) -> Result<Option<Head>> {
             }
             length = Some(n);
         } else if name == http::header::CONNECTION {
-            for t in h.value.split(|&c| c == b',').map(trim) {
+            for t in h.value.split(|&c| c == b',').map(<[u8]>::trim_ascii) {
                 close |= t.eq_ignore_ascii_case(b"close");
                 keep |= t.eq_ignore_ascii_case(b"keep-alive");
             }
@@ -171,21 +144,15 @@ pub fn parse_response(buf: &[u8]) -> Result<Option<Head>> {
 }
 
 fn parse_length(v: &[u8]) -> Result<u64> {
-    let v = trim(v);
+    let v = v.trim_ascii();
     if v.is_empty() || v.len() > 19 || !v.iter().all(u8::is_ascii_digit) {
         return Err(invalid("the backend sent an invalid Content-Length"));
     }
     Ok(v.iter().fold(0u64, |n, d| n * 10 + u64::from(d - b'0')))
 }
 
-fn trim(b: &[u8]) -> &[u8] {
-    let s = b.iter().position(|c| !c.is_ascii_whitespace()).unwrap_or(b.len());
-    let e = b.iter().rposition(|c| !c.is_ascii_whitespace()).map_or(s, |e| e + 1);
-    &b[s..e.max(s)]
-}
-
 fn last_token(v: &[u8]) -> Option<&[u8]> {
-    v.split(|&c| c == b',').map(trim).rfind(|t| !t.is_empty())
+    v.split(|&c| c == b',').map(<[u8]>::trim_ascii).rfind(|t| !t.is_empty())
 }
 
 /// Where a body's decoding stands.
@@ -318,7 +285,7 @@ fn memchr_crlf(b: &[u8]) -> Option<usize> {
 
 /// A chunk-size line: hex digits, then optional extensions after `;` (ignored).
 fn parse_chunk_size(line: &[u8]) -> Result<u64> {
-    let digits = trim(line.split(|&c| c == b';').next().unwrap_or_default());
+    let digits = line.split(|&c| c == b';').next().unwrap_or_default().trim_ascii();
     if digits.is_empty() || digits.len() > 15 {
         return Err(invalid("the backend sent an invalid chunk size"));
     }
