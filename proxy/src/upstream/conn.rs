@@ -35,9 +35,37 @@ pub enum Io {
     Tls(pingora::protocols::Stream),
 }
 
+/// Which I/O reactor a socket made on this thread is registered with. A tokio socket stays
+/// with the reactor that was current when it was made; used from a task on another runtime,
+/// each of its readiness events wakes that runtime's thread, which wakes the user's through
+/// an eventfd: two system calls and a thread switch more per read. pingora runs each service
+/// on its own runtime (the health checks and load scrapes apart from the API), by default one
+/// current-thread runtime per thread, so the thread is the reactor; a work-stealing runtime's
+/// threads share one, and pingora names them after their service, so their name is.
+pub fn home() -> u64 {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static NEXT: AtomicU64 = AtomicU64::new(1);
+    thread_local! {
+        static HOME: u64 = {
+            let shared = matches!(
+                tokio::runtime::Handle::try_current().map(|h| h.runtime_flavor()),
+                Ok(tokio::runtime::RuntimeFlavor::MultiThread)
+            );
+            match std::thread::current().name() {
+                // Odd values for names, even for threads: the two never meet.
+                Some(name) if shared => xxhash_rust::xxh3::xxh3_64(name.as_bytes()) | 1,
+                _ => NEXT.fetch_add(1, Ordering::Relaxed) << 1,
+            }
+        };
+    }
+    HOME.with(|h| *h)
+}
+
 /// One connection to a backend and where its current exchange stands.
 pub struct Conn {
     io: Io,
+    /// The reactor its socket is registered with ([`home`]).
+    pub home: u64,
     /// Bytes read and not yet taken (a partial head, body bytes).
     buf: BytesMut,
     body: Option<BodyDecoder>,
@@ -54,7 +82,16 @@ pub struct Conn {
 impl Conn {
     /// A connection over `io` whose every read and write may wait at most `timeout`.
     pub fn new(io: Io, timeout: Option<Duration>) -> Conn {
-        Conn { io, buf: BytesMut::new(), body: None, keep_alive: false, broken: false, timeout, timer: None }
+        Conn {
+            io,
+            home: home(),
+            buf: BytesMut::new(),
+            body: None,
+            keep_alive: false,
+            broken: false,
+            timeout,
+            timer: None,
+        }
     }
 
     /// Writes a request: `head` (from [`super::wire::RequestHead`]) and `body` together.

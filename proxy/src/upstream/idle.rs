@@ -1,11 +1,13 @@
 //! A backend's idle connections, kept for the next request: the most recently used is taken
 //! first (the one least likely to have been closed by the backend), those idle past the pool's
-//! timeout are closed when the pool is next touched, and at most [`MAX_IDLE`] are kept.
+//! timeout are closed when the pool is next touched, and at most [`MAX_IDLE`] are kept. A
+//! connection is handed only to a task on the reactor it was made on ([`home`]): the health
+//! checks' connections serve the health checks, the API's the API.
 
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
-use super::conn::Conn;
+use super::conn::{home, Conn};
 
 /// Most idle connections kept per backend.
 pub const MAX_IDLE: usize = 128;
@@ -24,22 +26,29 @@ impl std::fmt::Debug for IdlePool {
 }
 
 impl IdlePool {
-    /// An idle connection still good to use, if there is one; those that idled past `max_idle`
-    /// or that the backend closed meanwhile are closed.
+    /// An idle connection of this thread's reactor still good to use, if there is one; those
+    /// that idled past `max_idle` or that the backend closed meanwhile are closed.
     pub fn take(&self, max_idle: Duration) -> Option<Conn> {
         let now = Instant::now();
+        let here = home();
         let mut closing = Vec::new();
         let found = {
             let Ok(mut conns) = self.conns.lock() else { return None };
             let fresh =
                 conns.iter().position(|(_, at)| now.duration_since(*at) < max_idle).unwrap_or(conns.len());
             closing.extend(conns.drain(..fresh));
+            let mut i = conns.len();
             loop {
-                match conns.pop() {
-                    Some((c, _)) if c.idle_ok() => break Some(c),
-                    Some(stale) => closing.push(stale),
-                    None => break None,
+                let Some(at) = i.checked_sub(1) else { break None };
+                i = at;
+                if conns[at].0.home != here {
+                    continue;
                 }
+                let (c, since) = conns.remove(at);
+                if c.idle_ok() {
+                    break Some(c);
+                }
+                closing.push((c, since));
             }
         };
         // Closed outside the lock: each close is a system call.
@@ -121,6 +130,36 @@ mod tests {
         tokio::time::sleep(Duration::from_millis(30)).await;
         assert!(pool.take(Duration::from_millis(10)).is_none());
         assert_eq!(pool.count(), 0, "an expired connection is closed, not kept");
+    }
+
+    #[tokio::test]
+    async fn a_connection_made_on_another_runtime_is_left_to_it() {
+        let ok = b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nhi";
+        let pool = std::sync::Arc::new(IdlePool::default());
+        let (made_tx, made_rx) = tokio::sync::oneshot::channel();
+        let (checked_tx, checked_rx) = tokio::sync::oneshot::channel::<()>();
+        let theirs = pool.clone();
+        // Another runtime (as pingora's health-check service has) makes one and parks it,
+        // then takes it back once this runtime has looked.
+        let other = std::thread::spawn(move || {
+            let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+            rt.block_on(async {
+                theirs.put(exchanged(ok, false).await);
+                made_tx.send(()).unwrap();
+                checked_rx.await.unwrap();
+                theirs.take(Duration::from_secs(10)).is_some()
+            })
+        });
+        made_rx.await.unwrap();
+        assert!(
+            pool.take(Duration::from_secs(10)).is_none(),
+            "another reactor's connection is not handed here"
+        );
+        pool.put(exchanged(ok, false).await);
+        assert_eq!(pool.count(), 2);
+        checked_tx.send(()).unwrap();
+        assert!(other.join().unwrap(), "its own runtime takes it again");
+        assert!(pool.take(Duration::from_secs(10)).is_some(), "and this one's is here");
     }
 
     #[tokio::test]
