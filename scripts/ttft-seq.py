@@ -1,0 +1,72 @@
+#!/usr/bin/env python3
+"""Time to first token of sequential streamed chat requests, as a client sees it.
+
+Each request is a fresh TCP connection carrying one `POST /v1/chat/completions` with
+`stream: true`; its TTFT is the time from the request's first byte sent to the first byte of a
+non-empty `content` delta received. Requests run one after another, so what is measured is the
+path's latency, not a queue: a proxy in front of a server adds its own delay (and any delayed
+ACK or Nagle wait the two sides' sockets cause) and nothing else.
+
+    scripts/ttft-seq.py PORT [-n 30] [--warmup 5] [--words 50] [--max-tokens 8]
+
+prints `ttft ms p50 X p90 Y` over the `-n` measured requests. Used for the llama-server rows
+of bench/results/overhead-reactor-2026-12-07.md.
+"""
+import argparse
+import json
+import socket
+import time
+
+
+def one(port, body):
+    """One streamed request; seconds to its first content byte (None when none came)."""
+    s = socket.create_connection(("127.0.0.1", port))
+    head = (
+        "POST /v1/chat/completions HTTP/1.1\r\nhost: 127.0.0.1\r\n"
+        "content-type: application/json\r\ncontent-length: %d\r\n\r\n" % len(body)
+    ).encode()
+    start = time.perf_counter()
+    s.sendall(head + body)
+    seen, first = b"", None
+    while True:
+        data = s.recv(65536)
+        if not data:
+            break
+        seen += data
+        if first is None and b'"content":"' in seen.replace(b'"content":""', b""):
+            first = time.perf_counter() - start
+        if b"[DONE]" in seen or b'"error"' in seen:
+            break
+    s.close()
+    return first
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("port", type=int)
+    ap.add_argument("-n", type=int, default=30, help="requests measured")
+    ap.add_argument("--warmup", type=int, default=5, help="requests sent first and not counted")
+    ap.add_argument("--words", type=int, default=50, help="the prompt: 'hello there ' this many times")
+    ap.add_argument("--max-tokens", type=int, default=8)
+    ap.add_argument("--model", default="m")
+    a = ap.parse_args()
+    body = json.dumps(
+        {
+            "model": a.model,
+            "messages": [{"role": "user", "content": "hello there " * a.words}],
+            "max_tokens": a.max_tokens,
+            "stream": True,
+        }
+    ).encode()
+    for _ in range(a.warmup):
+        one(a.port, body)
+    times = [one(a.port, body) for _ in range(a.n)]
+    missing = sum(t is None for t in times)
+    if missing:
+        raise SystemExit(f"{missing} of {a.n} requests streamed no content")
+    times.sort()
+    print("ttft ms p50 %.1f p90 %.1f" % (times[len(times) // 2] * 1000, times[int(len(times) * 0.9)] * 1000))
+
+
+if __name__ == "__main__":
+    main()
