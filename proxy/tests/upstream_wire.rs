@@ -40,7 +40,10 @@ fn ask(proxy: &Proxy) -> Resp {
 #[test]
 fn sequential_requests_share_one_backend_connection() {
     let b = RawBackend::start(|_| RawReply { pieces: vec![sized(&completion())], close: false });
-    let proxy = proxy_for(&b);
+    // Each API thread keeps its own connections (a socket serves the reactor it was made on):
+    // with one thread, one connection.
+    let one_thread = format!("[server]\nthreads = 1\n{NO_PROBES}");
+    let proxy = Proxy::start(&policy(&one_thread, "", &["m"], &[("b", b.url())]));
     for _ in 0..20 {
         let r = ask(&proxy);
         assert_eq!(r.status, 200, "{}", r.text());

@@ -66,6 +66,9 @@ pub struct Conn {
     io: Io,
     /// The reactor its socket is registered with ([`home`]).
     pub home: u64,
+    /// A streamed answer is acknowledged at once throughout, not only its head
+    /// (`[upstream] stream_acks = "quick"`): see [`Conn::ack_now`].
+    pub quick_acks: bool,
     /// Bytes read and not yet taken (a partial head, body bytes).
     buf: BytesMut,
     body: Option<BodyDecoder>,
@@ -85,6 +88,7 @@ impl Conn {
         Conn {
             io,
             home: home(),
+            quick_acks: false,
             buf: BytesMut::new(),
             body: None,
             keep_alive: false,
@@ -205,18 +209,24 @@ impl Conn {
         }
     }
 
-    /// Acknowledges what came in at once, and keeps acknowledging at once for the rest of the
-    /// answer. A kept-alive connection is in the kernel's interactive mode, which delays an
-    /// ACK up to 40 ms; a server that writes without TCP_NODELAY (Nagle's algorithm) holds its
-    /// first token until the head it wrote is acknowledged — 40 ms of every streamed answer's
-    /// time to first token. One `setsockopt` (TCP_QUICKACK) sends the ACK and leaves
-    /// interactive mode until warmpath writes on the connection again. Only for an answer
-    /// that is not whole with its head: the ACK is a packet of its own (about 5 µs of CPU on
-    /// a small request), which an answer already in is spared.
+    /// Acknowledges what came in at once. A kept-alive connection is in the kernel's
+    /// interactive mode, which delays an ACK up to 40 ms; a server that writes without
+    /// TCP_NODELAY (Nagle's algorithm) holds its first token until the head it wrote is
+    /// acknowledged — 40 ms of every streamed answer's time to first token. `TCP_QUICKACK`
+    /// on sends the ACK and leaves interactive mode; off again puts the connection back in it
+    /// (unless `quick_acks`), so that the rest of the answer's events are acknowledged as the
+    /// kernel would, a few together: ACKed one by one they cost a stream 5–18 % more
+    /// CPU (measured in `bench/results/overhead-acks-2026-12-07.md`). Only for an answer that
+    /// is not whole with its head: the ACK is a packet of its own (about 5 µs of CPU on a
+    /// small request), which an answer already in is spared.
     fn ack_now(&self) {
         #[cfg(target_os = "linux")]
         if let Io::Tcp(s) = &self.io {
-            let _ = socket2::SockRef::from(s).set_tcp_quickack(true);
+            let s = socket2::SockRef::from(s);
+            let _ = s.set_tcp_quickack(true);
+            if !self.quick_acks {
+                let _ = s.set_tcp_quickack(false);
+            }
         }
     }
 
@@ -348,5 +358,46 @@ mod tests {
         assert!(whole(Framing::Chunked, b"2\r\nhi\r\n0\r\n\r\n"));
         assert!(!whole(Framing::Chunked, b"2\r\nhi\r\n"));
         assert!(!whole(Framing::Close, b"everything"), "a body to the close is never known whole");
+    }
+
+    /// A kept-alive connection, its first request answered whole, then a second answered with
+    /// a stream's head only: the connection's delayed-ACK mode once that head is read.
+    async fn interactive_after_a_streamed_head(quick_acks: bool) -> bool {
+        use tokio::io::AsyncWriteExt;
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let server = tokio::spawn(async move {
+            let (mut s, _) = listener.accept().await.unwrap();
+            let mut req = [0u8; 1024];
+            let _ = s.read(&mut req).await;
+            s.write_all(b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nhi").await.unwrap();
+            let _ = s.read(&mut req).await;
+            s.write_all(b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n").await.unwrap();
+            // Held open, the stream's events never coming.
+            let _ = s.read(&mut req).await;
+        });
+        let mut c = Conn::new(Io::Tcp(TcpStream::connect(addr).await.unwrap()), Some(Duration::from_secs(5)));
+        c.quick_acks = quick_acks;
+        let request = b"POST / HTTP/1.1\r\nhost: x\r\ncontent-length: 0\r\n\r\n";
+        c.send(request, b"").await.unwrap();
+        c.read_response_header().await.unwrap();
+        while c.read_response_body().await.unwrap().is_some() {}
+        c.send(request, b"").await.unwrap();
+        c.read_response_header().await.unwrap();
+        let Io::Tcp(s) = &c.io else { unreachable!() };
+        // Linux reads TCP_QUICKACK back as "not in interactive mode".
+        let quick = socket2::SockRef::from(s).tcp_quickack().unwrap();
+        server.abort();
+        quick
+    }
+
+    #[cfg(target_os = "linux")]
+    #[tokio::test]
+    async fn a_streamed_heads_ack_leaves_later_acks_delayed_unless_quick() {
+        assert!(
+            !interactive_after_a_streamed_head(false).await,
+            "stream_acks = head: back in delayed-ACK mode"
+        );
+        assert!(interactive_after_a_streamed_head(true).await, "stream_acks = quick: ACKs at once");
     }
 }

@@ -22,7 +22,7 @@ use tokio::net::TcpStream;
 use self::conn::{Conn, Io};
 use self::idle::IdlePool;
 use self::wire::RequestHead;
-use crate::config::{BackendUrl, UpstreamConfig};
+use crate::config::{BackendUrl, StreamAcks, UpstreamConfig};
 use crate::request::head::RequestTemplate;
 
 /// One backend's address as the connector uses it.
@@ -38,6 +38,8 @@ pub struct Peer {
     authorization: Option<http::HeaderValue>,
     /// Connections to it between requests.
     pub idle: IdlePool,
+    /// `[upstream] stream_acks = "quick"`.
+    quick_acks: bool,
 }
 
 impl Peer {
@@ -66,6 +68,7 @@ impl Peer {
             http: peer,
             authorization: None,
             idle: IdlePool::default(),
+            quick_acks: up.stream_acks == StreamAcks::Quick,
         })
     }
 
@@ -142,7 +145,8 @@ impl Upstream {
     /// timeout on every read and write.
     pub async fn connect(&self, peer: &Peer) -> Result<(Conn, bool), Box<Error>> {
         let timeout = peer.http.options.read_timeout;
-        if let Some(c) = peer.idle.take(self.pool_idle) {
+        if let Some(mut c) = peer.idle.take(self.pool_idle) {
+            c.quick_acks = peer.quick_acks;
             return Ok((c, true));
         }
         let io = if peer.url.tls {
@@ -151,7 +155,9 @@ impl Upstream {
             let addr = peer.addr().ok_or_else(|| Error::explain(ErrorType::ConnectError, "no address"))?;
             Io::Tcp(dial(addr, peer.http.options.connection_timeout).await?)
         };
-        Ok((Conn::new(io, timeout), false))
+        let mut c = Conn::new(io, timeout);
+        c.quick_acks = peer.quick_acks;
+        Ok((c, false))
     }
 
     /// Hands a connection back after its exchange: kept for the next request when its
