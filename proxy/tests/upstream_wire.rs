@@ -29,8 +29,10 @@ fn chunk(data: &str) -> String {
     format!("{:x}\r\n{data}\r\n", data.len())
 }
 
+/// One API thread: each keeps its own backend connections (a socket serves the reactor it was
+/// made on), so with two, which thread took a request would decide the connections counted.
 fn proxy_for(b: &RawBackend) -> Proxy {
-    Proxy::start(&policy(NO_PROBES, "", &["m"], &[("b", b.url())]))
+    Proxy::start(&policy(&format!("[server]\nthreads = 1\n{NO_PROBES}"), "", &["m"], &[("b", b.url())]))
 }
 
 fn ask(proxy: &Proxy) -> Resp {
@@ -40,10 +42,7 @@ fn ask(proxy: &Proxy) -> Resp {
 #[test]
 fn sequential_requests_share_one_backend_connection() {
     let b = RawBackend::start(|_| RawReply { pieces: vec![sized(&completion())], close: false });
-    // Each API thread keeps its own connections (a socket serves the reactor it was made on):
-    // with one thread, one connection.
-    let one_thread = format!("[server]\nthreads = 1\n{NO_PROBES}");
-    let proxy = Proxy::start(&policy(&one_thread, "", &["m"], &[("b", b.url())]));
+    let proxy = proxy_for(&b);
     for _ in 0..20 {
         let r = ask(&proxy);
         assert_eq!(r.status, 200, "{}", r.text());
