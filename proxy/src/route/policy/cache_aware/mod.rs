@@ -210,6 +210,10 @@ impl Policy for CacheAware {
         // hot shared prefix from piling onto its first holder faster than its queue grows.
         let bound = self.balance_factor * mean + 1.0;
         let within: Vec<Estimate> = est.iter().copied().filter(|e| inflight(e) <= bound).collect();
+        // The best holder's own cost, and whether the bound took it out: what a request sent
+        // past its holder was weighed against (`x-warmpath-route`).
+        let holder = est.iter().filter(|e| e.cached == most_cached).min_by(|a, b| a.cost.total_cmp(&b.cost));
+        let passed = holder.map(|h| (h.cost, !within.is_empty() && inflight(h) > bound));
         let est = if within.is_empty() { est } else { within };
         let best = est.iter().map(|e| e.cost).fold(f64::INFINITY, f64::min);
         let held = (most_cached / key.per_block.max(1) as u64) as usize;
@@ -237,7 +241,12 @@ impl Policy for CacheAware {
             (false, _, 0) => "load_uncached",
             _ => "load_partial",
         };
-        Some(decision(chosen, reason))
+        let mut d = decision(chosen, reason);
+        if let (Some((cost, bounded)), "load_uncached" | "load_partial") = (passed, reason) {
+            use std::fmt::Write as _;
+            let _ = write!(d.detail, "; holder_cost={cost:.0}; holder_over_bound={bounded}");
+        }
+        Some(d)
     }
 
     fn bind(&self, session: String, index: usize) {

@@ -109,7 +109,8 @@ fn a_prefix_many_prompts_share_is_copied_sooner_than_one_conversation() {
     // The next one goes where prefilling the system prompt again is quicker than the queue.
     let d = p.select_from(&prompt(&system, 999, 2), &c).expect("pick");
     assert_eq!((d.index, d.reason), (1, "load_uncached"), "{}", d.detail);
-    assert!(d.detail.ends_with("shared=20"), "{}", d.detail);
+    assert!(d.detail.contains("shared=20; holder_cost="), "{}", d.detail);
+    assert!(d.detail.ends_with("holder_over_bound=false"), "moved by its cost, not the bound: {}", d.detail);
 }
 
 #[test]
@@ -307,6 +308,7 @@ fn a_fleet_of_4000_is_weighed_by_a_sample_that_holds_the_prompts_holders() {
     c[holder].inflight = 60;
     let d = p.select_from(&prompt(&convs[0], 1, 3), &c).expect("pick");
     assert_ne!(d.index, holder, "{}", d.detail);
+    assert!(d.detail.ends_with("holder_over_bound=true"), "{}", d.detail);
 }
 
 #[test]
