@@ -65,10 +65,11 @@ pub fn home() -> u64 {
 pub struct Conn {
     io: Io,
     /// The reactor its socket is registered with ([`home`]).
-    pub home: u64,
-    /// A streamed answer is acknowledged at once throughout, not only its head
-    /// (`[upstream] stream_acks = "quick"`): see [`Conn::ack_now`].
-    pub quick_acks: bool,
+    pub(super) home: u64,
+    /// A streamed answer is acknowledged at once throughout, not only its head (its backend's
+    /// `[upstream] stream_acks = "quick"`, fixed for the connection's life: a changed setting
+    /// makes new backends, with new pools): see [`Conn::ack_now`].
+    quick_acks: bool,
     /// Bytes read and not yet taken (a partial head, body bytes).
     buf: BytesMut,
     body: Option<BodyDecoder>,
@@ -83,12 +84,13 @@ pub struct Conn {
 }
 
 impl Conn {
-    /// A connection over `io` whose every read and write may wait at most `timeout`.
-    pub fn new(io: Io, timeout: Option<Duration>) -> Conn {
+    /// A connection over `io` whose every read and write may wait at most `timeout`, with
+    /// `quick_acks` for streamed answers.
+    pub fn new(io: Io, timeout: Option<Duration>, quick_acks: bool) -> Conn {
         Conn {
             io,
             home: home(),
-            quick_acks: false,
+            quick_acks,
             buf: BytesMut::new(),
             body: None,
             keep_alive: false,
@@ -376,8 +378,11 @@ mod tests {
             // Held open, the stream's events never coming.
             let _ = s.read(&mut req).await;
         });
-        let mut c = Conn::new(Io::Tcp(TcpStream::connect(addr).await.unwrap()), Some(Duration::from_secs(5)));
-        c.quick_acks = quick_acks;
+        let mut c = Conn::new(
+            Io::Tcp(TcpStream::connect(addr).await.unwrap()),
+            Some(Duration::from_secs(5)),
+            quick_acks,
+        );
         let request = b"POST / HTTP/1.1\r\nhost: x\r\ncontent-length: 0\r\n\r\n";
         c.send(request, b"").await.unwrap();
         c.read_response_header().await.unwrap();

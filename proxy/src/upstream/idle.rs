@@ -37,13 +37,8 @@ impl IdlePool {
             let fresh =
                 conns.iter().position(|(_, at)| now.duration_since(*at) < max_idle).unwrap_or(conns.len());
             closing.extend(conns.drain(..fresh));
-            let mut i = conns.len();
             loop {
-                let Some(at) = i.checked_sub(1) else { break None };
-                i = at;
-                if conns[at].0.home != here {
-                    continue;
-                }
+                let Some(at) = conns.iter().rposition(|(c, _)| c.home == here) else { break None };
                 let (c, since) = conns.remove(at);
                 if c.idle_ok() {
                     break Some(c);
@@ -98,7 +93,8 @@ mod tests {
                 let _ = s.read(&mut req).await;
             }
         });
-        let mut c = Conn::new(Io::Tcp(TcpStream::connect(addr).await.unwrap()), Some(Duration::from_secs(5)));
+        let mut c =
+            Conn::new(Io::Tcp(TcpStream::connect(addr).await.unwrap()), Some(Duration::from_secs(5)), false);
         c.send(b"GET / HTTP/1.1\r\nhost: x\r\n\r\n", b"").await.unwrap();
         c.read_response_header().await.unwrap();
         while c.read_response_body().await.unwrap().is_some() {}

@@ -145,8 +145,7 @@ impl Upstream {
     /// timeout on every read and write.
     pub async fn connect(&self, peer: &Peer) -> Result<(Conn, bool), Box<Error>> {
         let timeout = peer.http.options.read_timeout;
-        if let Some(mut c) = peer.idle.take(self.pool_idle) {
-            c.quick_acks = peer.quick_acks;
+        if let Some(c) = peer.idle.take(self.pool_idle) {
             return Ok((c, true));
         }
         let io = if peer.url.tls {
@@ -155,9 +154,7 @@ impl Upstream {
             let addr = peer.addr().ok_or_else(|| Error::explain(ErrorType::ConnectError, "no address"))?;
             Io::Tcp(dial(addr, peer.http.options.connection_timeout).await?)
         };
-        let mut c = Conn::new(io, timeout);
-        c.quick_acks = peer.quick_acks;
-        Ok((c, false))
+        Ok((Conn::new(io, timeout, peer.quick_acks), false))
     }
 
     /// Hands a connection back after its exchange: kept for the next request when its

@@ -212,7 +212,9 @@ impl Policy for CacheAware {
         let within: Vec<Estimate> = est.iter().copied().filter(|e| inflight(e) <= bound).collect();
         // The best holder's own cost, and whether the bound took it out: what a request sent
         // past its holder was weighed against (`x-warmpath-route`).
-        let holder = est.iter().filter(|e| e.cached == most_cached).min_by(|a, b| a.cost.total_cmp(&b.cost));
+        let holder = (most_cached > 0)
+            .then(|| est.iter().filter(|e| e.cached == most_cached).min_by(|a, b| a.cost.total_cmp(&b.cost)))
+            .flatten();
         let passed = holder.map(|h| (h.cost, !within.is_empty() && inflight(h) > bound));
         let est = if within.is_empty() { est } else { within };
         let best = est.iter().map(|e| e.cost).fold(f64::INFINITY, f64::min);
