@@ -93,6 +93,18 @@ pub struct EngineArgs {
     /// Threads a step's matrix products and attention are split over (0: one per core).
     #[arg(long, default_value_t = 0)]
     pub threads: usize,
+    /// Serve this replica's K/V to decode replicas on this port (0 picks one): requests with
+    /// `kv_transfer_params.do_remote_decode` hold their blocks for them (prefill/decode
+    /// disaggregation). Without it such requests are refused; any replica can decode.
+    #[arg(long)]
+    pub kv_transfer_port: Option<u16>,
+    /// How long a prefilled request's blocks wait to be fetched before they are freed.
+    #[arg(long, default_value_t = 60.0)]
+    pub kv_hold_s: f64,
+    /// Added per K/V block a decode replica receives, in microseconds: models a link slower
+    /// than loopback (the sim executor's blocks are a few bytes).
+    #[arg(long, default_value_t = 0.0)]
+    pub kv_transfer_delay_us_per_block: f64,
 
     /// sim: fixed cost of a step that prefills, in milliseconds.
     #[arg(long, default_value_t = 2.0)]
@@ -151,6 +163,12 @@ impl EngineArgs {
 
     /// Checks values that clap cannot; the message names the flag.
     pub fn validate(&self) -> Result<(), String> {
+        if !(self.kv_hold_s.is_finite() && self.kv_hold_s > 0.0) {
+            return Err("--kv-hold-s must be positive".into());
+        }
+        if !(self.kv_transfer_delay_us_per_block.is_finite() && self.kv_transfer_delay_us_per_block >= 0.0) {
+            return Err("--kv-transfer-delay-us-per-block must be zero or more".into());
+        }
         let positive = [
             ("--kv-blocks", self.kv_blocks),
             ("--block-size", self.block_size),

@@ -7,9 +7,11 @@
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{mpsc as std_mpsc, Arc};
 use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
 
-use tokio::sync::mpsc;
+use tokio::sync::{mpsc, oneshot};
 use warmpath_wire::openai::{ApiError, FinishReason};
+use warmpath_wire::prefix::BlockHash;
 
 use crate::block_pool::BlockPool;
 use crate::executor::Executor;
@@ -39,10 +41,36 @@ pub struct RequestOutput {
     pub logprobs: Option<crate::sampler::TokenLogprobs>,
 }
 
+/// How a request takes part in prefill/decode disaggregation ([`crate::kv_transfer`]).
+#[derive(Debug, Default)]
+pub struct Handoff {
+    /// Keep the request's blocks this long after it finishes, for a decode replica to fetch.
+    pub hold: Option<Duration>,
+    /// K/V of the prompt's leading blocks, fetched from a prefill replica.
+    pub loaded: Option<Loaded>,
+}
+
+/// K/V of a prompt's leading blocks brought from another replica.
+#[derive(Debug)]
+pub struct Loaded {
+    /// Chained hashes of the prompt's blocks up to the last one loaded.
+    pub hashes: Vec<BlockHash>,
+    /// Blocks before this one were already held here (they are pinned, not loaded).
+    pub first: usize,
+    /// One block's bytes each, for `hashes[first..]`.
+    pub blocks: Vec<Vec<u8>>,
+}
+
 enum Command {
-    Add(Box<Sequence>, mpsc::UnboundedSender<RequestOutput>),
+    Add(Box<Sequence>, mpsc::UnboundedSender<RequestOutput>, Option<Loaded>),
     Abort(u64),
     ResetPrefixCache,
+    /// How many of the hashes, from the start, are cached here.
+    Cached(Vec<BlockHash>, oneshot::Sender<usize>),
+    /// The bytes of the blocks cached under the hashes, in order, up to the first not cached.
+    Export(Vec<BlockHash>, oneshot::Sender<Vec<Vec<u8>>>),
+    /// Frees the blocks held for a request.
+    Release(u64),
 }
 
 /// Handle on a running engine. Cloning the `Arc` shares it; the thread stops once the handle
@@ -54,6 +82,8 @@ pub struct Engine {
     /// The engine thread; it ends by itself once every sender of commands is dropped.
     _thread: JoinHandle<()>,
     pub metrics: Arc<Metrics>,
+    /// Bytes of one block's K/V (0: the executor cannot move K/V).
+    block_bytes: usize,
 }
 
 impl std::fmt::Debug for Engine {
@@ -72,17 +102,23 @@ impl Engine {
         events: Option<KvEventSink>,
     ) -> std::io::Result<Engine> {
         let pool = BlockPool::new(info.num_blocks, info.block_size, events.is_some());
+        let block_bytes = executor.block_bytes();
         let sched = Scheduler::new(sched_cfg, pool);
         let (tx, rx) = std_mpsc::channel();
         let m = metrics.clone();
         let thread = std::thread::Builder::new().name("engine-core".into()).spawn(move || {
             EngineLoop { sched, exec: executor, metrics: m, events, streams: Default::default() }.run(rx)
         })?;
-        Ok(Engine { tx, info, next_id: AtomicU64::new(1), _thread: thread, metrics })
+        Ok(Engine { tx, info, next_id: AtomicU64::new(1), _thread: thread, metrics, block_bytes })
     }
 
     pub fn info(&self) -> &EngineInfo {
         &self.info
+    }
+
+    /// Bytes of one block's K/V as other replicas fetch it (0: this executor's cannot move).
+    pub fn block_bytes(&self) -> usize {
+        self.block_bytes
     }
 
     /// Queues a request. Fails with a 400 when it cannot fit the model or the cache.
@@ -91,6 +127,17 @@ impl Engine {
         prompt: Vec<u32>,
         params: SamplingParams,
         cache_salt: Option<String>,
+    ) -> Result<RequestStream, ApiError> {
+        self.generate_with(prompt, params, cache_salt, Handoff::default())
+    }
+
+    /// [`Engine::generate`] for a request that hands its K/V on or brings it along.
+    pub fn generate_with(
+        &self,
+        prompt: Vec<u32>,
+        params: SamplingParams,
+        cache_salt: Option<String>,
+        handoff: Handoff,
     ) -> Result<RequestStream, ApiError> {
         let info = &self.info;
         if prompt.is_empty() {
@@ -127,9 +174,12 @@ impl Engine {
         }
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
         let (otx, orx) = mpsc::unbounded_channel();
-        let seq = Sequence::new(id, prompt, params, cache_salt);
+        let mut seq = Sequence::new(id, prompt, params, cache_salt);
+        if let Some(d) = handoff.hold {
+            seq.hold_blocks_for(d);
+        }
         self.tx
-            .send(Command::Add(Box::new(seq), otx))
+            .send(Command::Add(Box::new(seq), otx, handoff.loaded))
             .map_err(|_| ApiError::unavailable("the engine has stopped"))?;
         Ok(RequestStream { id, rx: orx, tx: self.tx.clone(), done: false })
     }
@@ -137,6 +187,29 @@ impl Engine {
     /// Forgets all cached prefixes (`POST /reset_prefix_cache`).
     pub fn reset_prefix_cache(&self) {
         let _ = self.tx.send(Command::ResetPrefixCache);
+    }
+
+    /// How many of `hashes`, from the start, this engine holds (0 if it has stopped).
+    pub async fn cached_prefix(&self, hashes: Vec<BlockHash>) -> usize {
+        let (tx, rx) = oneshot::channel();
+        if self.tx.send(Command::Cached(hashes, tx)).is_err() {
+            return 0;
+        }
+        rx.await.unwrap_or(0)
+    }
+
+    /// The K/V bytes of the blocks cached under `hashes`, in order, up to the first that is not.
+    pub async fn export(&self, hashes: Vec<BlockHash>) -> Vec<Vec<u8>> {
+        let (tx, rx) = oneshot::channel();
+        if self.tx.send(Command::Export(hashes, tx)).is_err() {
+            return Vec::new();
+        }
+        rx.await.unwrap_or_default()
+    }
+
+    /// Frees the blocks held for request `id` (a decode replica has fetched them).
+    pub fn release(&self, id: u64) {
+        let _ = self.tx.send(Command::Release(id));
     }
 }
 
@@ -185,10 +258,21 @@ struct EngineLoop {
 impl EngineLoop {
     fn run(mut self, rx: std_mpsc::Receiver<Command>) {
         loop {
+            if self.sched.expire_held(Instant::now()) > 0 {
+                self.publish();
+            }
             if self.sched.is_idle() {
-                match rx.recv() {
+                // Idle: wait for a command, or for the next held request's time to be up.
+                let next = self.sched.next_hold_expiry();
+                let wait = next.map(|t| t.saturating_duration_since(Instant::now()));
+                let got = match wait {
+                    Some(d) => rx.recv_timeout(d).map_err(|e| e == std_mpsc::RecvTimeoutError::Disconnected),
+                    None => rx.recv().map_err(|_| true),
+                };
+                match got {
                     Ok(cmd) => self.handle(cmd),
-                    Err(_) => break, // every handle is gone
+                    Err(true) => break, // every handle is gone
+                    Err(false) => continue,
                 }
             }
             while let Ok(cmd) = rx.try_recv() {
@@ -219,9 +303,30 @@ impl EngineLoop {
 
     fn handle(&mut self, cmd: Command) {
         match cmd {
-            Command::Add(seq, tx) => {
+            Command::Add(mut seq, tx, loaded) => {
+                if let Some(l) = loaded {
+                    self.load(&mut seq, l);
+                }
                 self.streams.insert(seq.id, tx);
                 self.sched.add(*seq);
+            }
+            Command::Cached(hashes, reply) => {
+                let _ = reply.send(self.sched.pool().find_cached_prefix(&hashes, hashes.len()).len());
+            }
+            Command::Export(hashes, reply) => {
+                let blocks = self.sched.pool().find_cached_prefix(&hashes, hashes.len());
+                let out = blocks
+                    .iter()
+                    .map(|&b| {
+                        let mut data = Vec::new();
+                        self.exec.read_block(b, &mut data);
+                        data
+                    })
+                    .collect();
+                let _ = reply.send(out);
+            }
+            Command::Release(id) => {
+                self.sched.release(id);
             }
             Command::Abort(id) => {
                 self.streams.remove(&id);
@@ -232,6 +337,46 @@ impl EngineLoop {
             Command::ResetPrefixCache => self.sched.pool_mut().reset_prefix_cache(),
         }
         self.publish();
+    }
+
+    /// Writes K/V brought from another replica into fresh blocks and makes them findable under
+    /// their hashes (KV events announce them as for blocks computed here), pinned for `seq`
+    /// until it is admitted, with the blocks before them already held here. Loads nothing when
+    /// the blocks are not this model's or the cache has no room: the prompt is then computed.
+    fn load(&mut self, seq: &mut Sequence, l: Loaded) {
+        let bs = self.sched.pool().block_size();
+        let tokens = seq.prompt();
+        let end = l.first + l.blocks.len();
+        let fits = l.hashes.len() == end
+            && end * bs < tokens.len()
+            && l.blocks.iter().all(|b| b.len() == self.exec.block_bytes() && !b.is_empty());
+        if !fits {
+            tracing::warn!(
+                blocks = l.blocks.len(),
+                "loaded K/V does not fit this model or prompt: computing it"
+            );
+            return;
+        }
+        let pool = self.sched.pool_mut();
+        let mut pinned = pool.find_cached_prefix(&l.hashes[..l.first], l.first);
+        if pinned.len() < l.first {
+            // What was held here is gone since it was counted: the loaded blocks would not
+            // continue a cached prefix.
+            return;
+        }
+        pool.touch(&pinned);
+        let Some(fresh) = pool.allocate(l.blocks.len()) else {
+            pool.free(&pinned);
+            return;
+        };
+        for (&b, data) in fresh.iter().zip(&l.blocks) {
+            self.exec.write_block(b, data);
+        }
+        let pool = self.sched.pool_mut();
+        let parent = l.first.checked_sub(1).map(|p| l.hashes[p]);
+        pool.cache_blocks(&fresh, &l.hashes[l.first..end], parent, &tokens[l.first * bs..end * bs]);
+        pinned.extend(fresh);
+        seq.pin(pinned);
     }
 
     /// Sends each output to its request; returns whether a request whose client is gone was
@@ -276,6 +421,7 @@ impl EngineLoop {
         self.metrics.add_stats(&self.sched.take_stats());
         let pool = self.sched.pool();
         self.metrics.set_state(self.sched.num_running(), self.sched.num_waiting(), pool.usage());
+        self.metrics.set_held_blocks(self.sched.num_held_blocks());
         if let Some(sink) = &self.events {
             let events = self.sched.pool_mut().take_events();
             if !events.is_empty() {

@@ -25,10 +25,13 @@ pub struct EngineServer {
     pub kv_events_endpoint: Option<String>,
     /// Where replays of recent KV event batches are answered (port 0 resolved).
     pub kv_events_replay_endpoint: Option<String>,
+    /// Where decode replicas fetch this replica's K/V (`--kv-transfer-port`, resolved).
+    pub kv_transfer_addr: Option<SocketAddr>,
     pub engine: Arc<Engine>,
     listener: tokio::net::TcpListener,
     state: Arc<AppState>,
     publisher: Option<tokio::task::JoinHandle<()>>,
+    kv_listener: Option<tokio::net::TcpListener>,
 }
 
 /// Loads the model, starts the engine thread, binds the port and the KV event socket.
@@ -39,7 +42,16 @@ pub async fn launch(args: EngineArgs) -> anyhow::Result<EngineServer> {
         (ExecutorKind::Sim, _) => {
             let format = ChatFormat::builtin();
             let words = (format.tokenizer.vocab_size() - 8) as u32;
-            (Box::new(SimExecutor::new(args.sim_timing(), words, args.weight_seed)), format)
+            (
+                Box::new(SimExecutor::new(
+                    args.sim_timing(),
+                    words,
+                    args.weight_seed,
+                    args.kv_blocks,
+                    args.block_size,
+                )),
+                format,
+            )
         }
         (ExecutorKind::Llama, ModelSource::Gguf(path)) => {
             if !path.is_file() {
@@ -115,6 +127,31 @@ pub async fn launch(args: EngineArgs) -> anyhow::Result<EngineServer> {
         .await
         .with_context(|| format!("binding {}:{}", args.host, args.port))?;
     let addr = listener.local_addr()?;
+    let kv_listener = match args.kv_transfer_port {
+        Some(port) => Some(
+            server::bind(SocketAddr::new(args.host, port))
+                .await
+                .with_context(|| format!("binding the K/V transfer port {}:{port}", args.host))?,
+        ),
+        None => None,
+    };
+    let kv_transfer_addr = match &kv_listener {
+        // Decode replicas connect here: an unspecified bind address is reached on loopback.
+        Some(l) => {
+            let mut a = l.local_addr()?;
+            if a.ip().is_unspecified() {
+                a.set_ip(std::net::Ipv4Addr::LOCALHOST.into());
+            }
+            Some(a)
+        }
+        None => None,
+    };
+    let transfer = crate::kv_transfer::TransferConfig {
+        advertise: kv_transfer_addr,
+        hold: std::time::Duration::from_secs_f64(args.kv_hold_s),
+        delay_per_block: std::time::Duration::from_secs_f64(args.kv_transfer_delay_us_per_block / 1e6),
+        ..crate::kv_transfer::TransferConfig::disabled(&args.engine_id)
+    };
     let script = match &args.faults.script {
         Some(p) => crate::script::Script::load(p).map_err(anyhow::Error::msg)?,
         None => crate::script::Script::default(),
@@ -125,16 +162,19 @@ pub async fn launch(args: EngineArgs) -> anyhow::Result<EngineServer> {
         faults: FaultInjector::new(args.faults.clone()),
         max_body_bytes: args.max_body_bytes,
         script,
+        transfer,
     });
     Ok(EngineServer {
         addr,
         model_name,
         kv_events_endpoint,
         kv_events_replay_endpoint,
+        kv_transfer_addr,
         engine,
         listener,
         state,
         publisher,
+        kv_listener,
     })
 }
 
@@ -144,7 +184,15 @@ impl EngineServer {
         self,
         shutdown: impl std::future::Future<Output = ()> + Send + 'static,
     ) -> anyhow::Result<()> {
-        server::serve(self.listener, self.state, shutdown).await?;
+        let timeout = self.state.transfer.timeout;
+        let kv = self
+            .kv_listener
+            .map(|l| tokio::spawn(crate::kv_transfer::serve::serve(l, self.engine.clone(), timeout)));
+        let served = server::serve(self.listener, self.state, shutdown).await;
+        if let Some(t) = kv {
+            t.abort();
+        }
+        served?;
         drop(self.engine);
         if let Some(p) = self.publisher {
             p.abort();

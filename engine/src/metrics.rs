@@ -49,6 +49,8 @@ pub struct Metrics {
     queue: prometheus::Histogram,
     prefill: prometheus::Histogram,
     decode: prometheus::Histogram,
+    /// Prefill/decode K/V transfers ([`crate::kv_transfer`]).
+    pub transfer: crate::kv_transfer::TransferMetrics,
 }
 
 impl std::fmt::Debug for Metrics {
@@ -185,6 +187,7 @@ impl Metrics {
                 REQUEST_LATENCY_BUCKETS,
             )?,
             success,
+            transfer: crate::kv_transfer::TransferMetrics::register(&registry, model_name, engine)?,
             registry,
             model_name: model_name.to_owned(),
             engine: engine.to_owned(),
@@ -197,6 +200,11 @@ impl Metrics {
         self.waiting.set(waiting as f64);
         self.kv_usage.set(kv_usage);
         self.kv_usage_legacy.set(kv_usage);
+    }
+
+    /// Blocks held for decode replicas to fetch.
+    pub fn set_held_blocks(&self, n: usize) {
+        self.transfer.held.set(n as f64);
     }
 
     pub fn add_stats(&self, s: &StepStats) {

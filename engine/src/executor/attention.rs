@@ -38,6 +38,42 @@ impl KvCache {
         self.block_size
     }
 
+    /// Bytes of one block: K then V of every layer, `block_size × kv_dim` halves each.
+    pub fn block_bytes(&self) -> usize {
+        self.k.len() * 2 * self.block_size * self.kv_dim * 2
+    }
+
+    /// Appends block `b`'s K and V, layer by layer, as little-endian halves.
+    pub fn read_block(&self, b: BlockId, out: &mut Vec<u8>) {
+        let n = self.block_size * self.kv_dim;
+        let at = b as usize * n;
+        out.reserve(self.block_bytes());
+        for layer in 0..self.k.len() {
+            for part in [&self.k[layer], &self.v[layer]] {
+                out.extend(part[at..at + n].iter().flat_map(|h| h.to_le_bytes()));
+            }
+        }
+    }
+
+    /// Fills block `b` from [`KvCache::read_block`]'s bytes; false when they are not one block.
+    pub fn write_block(&mut self, b: BlockId, data: &[u8]) -> bool {
+        if data.len() != self.block_bytes() {
+            return false;
+        }
+        let n = self.block_size * self.kv_dim;
+        let at = b as usize * n;
+        let mut pieces = data.chunks_exact(n * 2);
+        for layer in 0..self.k.len() {
+            for part in [&mut self.k[layer], &mut self.v[layer]] {
+                let Some(piece) = pieces.next() else { return false };
+                for (h, pair) in part[at..at + n].iter_mut().zip(piece.chunks_exact(2)) {
+                    *h = u16::from_le_bytes([pair[0], pair[1]]);
+                }
+            }
+        }
+        true
+    }
+
     /// Stores position `pos`'s K and V rows of `layer`.
     pub(super) fn write(&mut self, layer: usize, table: &[BlockId], pos: usize, k: &[f32], v: &[f32]) {
         let s = self.slot(table, pos);

@@ -183,6 +183,18 @@ impl Executor for LlamaExecutor {
             })
             .collect()
     }
+
+    fn block_bytes(&self) -> usize {
+        self.cache.block_bytes()
+    }
+
+    fn read_block(&self, b: BlockId, out: &mut Vec<u8>) {
+        self.cache.read_block(b, out)
+    }
+
+    fn write_block(&mut self, b: BlockId, data: &[u8]) -> bool {
+        self.cache.write_block(b, data)
+    }
 }
 
 #[cfg(test)]

@@ -35,4 +35,20 @@ pub trait Executor: Send {
     /// Runs one step; returns, per entry, the tokens sampled when its `sampler` was set (the
     /// proposals kept and one more), else none.
     fn execute(&mut self, batch: &mut [SeqStep<'_>]) -> Vec<Vec<u32>>;
+
+    /// Bytes of one block's K/V as [`Executor::read_block`] gives them (0: this executor's
+    /// K/V cannot be moved).
+    fn block_bytes(&self) -> usize {
+        0
+    }
+
+    /// Appends block `b`'s K/V to `out` (for another replica of the same model to load:
+    /// prefill/decode disaggregation, [`crate::kv_transfer`]).
+    fn read_block(&self, _b: BlockId, _out: &mut Vec<u8>) {}
+
+    /// Fills block `b` with K/V that [`Executor::read_block`] gave; false (and nothing
+    /// written) when `data` is not one block of this executor's model.
+    fn write_block(&mut self, _b: BlockId, _data: &[u8]) -> bool {
+        false
+    }
 }

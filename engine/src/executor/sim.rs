@@ -6,10 +6,15 @@
 //! `prefill_overhead·[p>0] + p·prefill_per_token + [d>0]·itl·(1 + load_factor·d/max_num_seqs)`,
 //! each term with bounded multiplicative jitter. Prefix-cache hits shrink `p`, so they shorten
 //! TTFT exactly as on a real engine.
+//!
+//! In place of K/V, each block slot keeps the token computed there, so that a block handed to
+//! another replica ([`crate::kv_transfer`]) carries what it holds and a test can check that
+//! what arrived is what was computed.
 
 use std::time::Duration;
 
 use super::{Executor, SeqStep};
+use crate::block_pool::BlockId;
 use crate::sampler::Rng;
 
 /// Parameters of the timing model.
@@ -30,13 +35,42 @@ pub struct SimExecutor {
     timing: SimTiming,
     vocab: u32,
     rng: Rng,
+    block_size: usize,
+    /// The token computed at each slot of each block (`num_blocks × block_size`).
+    slots: Vec<u32>,
 }
 
 impl SimExecutor {
     /// `vocab` bounds the ordinary ids it emits (it never emits special tokens, so a sim request
-    /// runs to `max_tokens`).
-    pub fn new(timing: SimTiming, vocab: u32, seed: u64) -> SimExecutor {
-        SimExecutor { timing, vocab, rng: Rng::new(seed) }
+    /// runs to `max_tokens`). The cache has `num_blocks` blocks of `block_size` tokens.
+    pub fn new(
+        timing: SimTiming,
+        vocab: u32,
+        seed: u64,
+        num_blocks: usize,
+        block_size: usize,
+    ) -> SimExecutor {
+        let block_size = block_size.max(1);
+        SimExecutor {
+            timing,
+            vocab,
+            rng: Rng::new(seed),
+            block_size,
+            slots: vec![0; num_blocks * block_size],
+        }
+    }
+
+    /// Records the tokens of one sequence's step in their slots.
+    fn store(&mut self, s: &SeqStep<'_>) {
+        let bs = self.block_size;
+        for (j, &t) in s.tokens.iter().enumerate() {
+            let pos = s.start_pos + j;
+            if let Some(&b) = s.block_table.get(pos / bs) {
+                if let Some(slot) = self.slots.get_mut(b as usize * bs + pos % bs) {
+                    *slot = t;
+                }
+            }
+        }
     }
 
     /// How long a step with `prefill_tokens` to prefill and `decodes` sequences decoding takes.
@@ -72,6 +106,9 @@ impl Executor for SimExecutor {
             batch.iter().filter(|s| s.tokens.len() == 1 && s.start_pos > 0 && s.sampler.is_some()).count();
         let prefill: usize = batch.iter().map(|s| s.tokens.len()).sum::<usize>() - decodes;
         std::thread::sleep(self.step_time(prefill, decodes));
+        for s in batch.iter() {
+            self.store(s);
+        }
         let vocab = self.vocab;
         batch
             .iter_mut()
@@ -92,6 +129,29 @@ impl Executor for SimExecutor {
             })
             .collect()
     }
+
+    fn block_bytes(&self) -> usize {
+        self.block_size * 4
+    }
+
+    fn read_block(&self, b: BlockId, out: &mut Vec<u8>) {
+        let at = b as usize * self.block_size;
+        if let Some(slots) = self.slots.get(at..at + self.block_size) {
+            out.extend(slots.iter().flat_map(|t| t.to_le_bytes()));
+        }
+    }
+
+    fn write_block(&mut self, b: BlockId, data: &[u8]) -> bool {
+        let at = b as usize * self.block_size;
+        let Some(slots) = self.slots.get_mut(at..at + self.block_size) else { return false };
+        if data.len() != slots.len() * 4 {
+            return false;
+        }
+        for (t, q) in slots.iter_mut().zip(data.chunks_exact(4)) {
+            *t = u32::from_le_bytes([q[0], q[1], q[2], q[3]]);
+        }
+        true
+    }
 }
 
 #[cfg(test)]
@@ -111,7 +171,7 @@ mod tests {
 
     #[test]
     fn time_follows_the_model() {
-        let mut s = SimExecutor::new(timing(), 100, 1);
+        let mut s = SimExecutor::new(timing(), 100, 1, 4, 16);
         assert_eq!(s.step_time(0, 0), Duration::ZERO);
         assert_eq!(s.step_time(1000, 0), Duration::from_millis(110));
         assert_eq!(s.step_time(0, 10), Duration::from_millis(10), "full load doubles ITL");
@@ -121,7 +181,7 @@ mod tests {
     fn jitter_is_bounded() {
         let mut t = timing();
         t.jitter = 0.2;
-        let mut s = SimExecutor::new(t, 100, 1);
+        let mut s = SimExecutor::new(t, 100, 1, 4, 16);
         for _ in 0..100 {
             let d = s.step_time(1000, 0).as_secs_f64();
             assert!((0.088..=0.132).contains(&d), "{d}");

@@ -12,13 +12,13 @@
 
 mod sequence;
 
-use std::collections::VecDeque;
+use std::collections::{HashMap, VecDeque};
 use std::time::Instant;
 
 use warmpath_wire::openai::FinishReason;
 use warmpath_wire::prefix::extend_block_hashes;
 
-use crate::block_pool::BlockPool;
+use crate::block_pool::{BlockId, BlockPool};
 use crate::executor::{Executor, SeqStep};
 use crate::spec::{Drafter, SpecConfig, MAX_SPECULATIVE_TOKENS};
 pub use sequence::{FinishTimings, SamplingParams, SeqOutput, Sequence, StepStats};
@@ -42,11 +42,49 @@ pub struct Scheduler {
     waiting: VecDeque<Sequence>,
     running: Vec<Sequence>,
     stats: StepStats,
+    /// Finished requests' blocks kept for another replica to fetch, by request id, with when
+    /// they are freed at the latest.
+    held: HashMap<u64, (Vec<BlockId>, Instant)>,
 }
 
 impl Scheduler {
     pub fn new(cfg: SchedulerConfig, pool: BlockPool) -> Scheduler {
-        Scheduler { cfg, pool, waiting: VecDeque::new(), running: Vec::new(), stats: StepStats::default() }
+        Scheduler {
+            cfg,
+            pool,
+            waiting: VecDeque::new(),
+            running: Vec::new(),
+            stats: StepStats::default(),
+            held: HashMap::new(),
+        }
+    }
+
+    /// Frees the blocks held for request `id`; false if none are.
+    pub fn release(&mut self, id: u64) -> bool {
+        match self.held.remove(&id) {
+            Some((blocks, _)) => {
+                self.pool.free(&blocks);
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// Frees the holds whose time is up; returns how many.
+    pub fn expire_held(&mut self, now: Instant) -> usize {
+        let due: Vec<u64> =
+            self.held.iter().filter(|(_, (_, until))| *until <= now).map(|(&id, _)| id).collect();
+        due.iter().filter(|&&id| self.release(id)).count()
+    }
+
+    /// When the next hold ends, if any.
+    pub fn next_hold_expiry(&self) -> Option<Instant> {
+        self.held.values().map(|(_, until)| *until).min()
+    }
+
+    /// Blocks held for other replicas to fetch.
+    pub fn num_held_blocks(&self) -> usize {
+        self.held.values().map(|(b, _)| b.len()).sum()
     }
 
     pub fn pool(&self) -> &BlockPool {
@@ -89,6 +127,7 @@ impl Scheduler {
         if let Some(i) = self.waiting.iter().position(|s| s.id == id) {
             if let Some(s) = self.waiting.remove(i) {
                 self.pool.free(&s.block_table);
+                self.pool.free(&s.pinned);
             }
             return true;
         }
@@ -223,6 +262,9 @@ impl Scheduler {
             seq.num_computed = computed;
             seq.num_scheduled = n;
             budget -= n;
+            // Loaded blocks are now referenced by the table (they were hits): drop the pin.
+            let pinned = std::mem::take(&mut seq.pinned);
+            self.pool.free(&pinned);
             self.running.push(seq);
         }
         self.cfg.max_num_batched_tokens - budget
@@ -361,7 +403,14 @@ impl Scheduler {
         }
         for idx in finished.into_iter().rev() {
             let s = self.running.remove(idx);
-            self.pool.free(&s.block_table);
+            match s.hold {
+                Some(d) => {
+                    if let Some((old, _)) = self.held.insert(s.id, (s.block_table, now + d)) {
+                        self.pool.free(&old);
+                    }
+                }
+                None => self.pool.free(&s.block_table),
+            }
         }
         outputs
     }

@@ -53,6 +53,12 @@ pub struct Sequence {
     pub(super) first_scheduled: Option<Instant>,
     pub(super) first_token: Option<Instant>,
     pub(super) last_token: Option<Instant>,
+    /// On finish, keep the blocks this long for another replica to fetch (a prefill for remote
+    /// decode) instead of freeing them.
+    pub(super) hold: Option<Duration>,
+    /// Blocks loaded for this request from another replica, referenced until it is admitted so
+    /// that nothing evicts them first.
+    pub(super) pinned: Vec<BlockId>,
 }
 
 impl Sequence {
@@ -78,7 +84,25 @@ impl Sequence {
             first_scheduled: None,
             first_token: None,
             last_token: None,
+            hold: None,
+            pinned: Vec::new(),
         }
+    }
+
+    /// Keeps the blocks for `d` after the request finishes ([`super::Scheduler::release`]).
+    pub fn hold_blocks_for(&mut self, d: Duration) {
+        self.hold = Some(d);
+    }
+
+    /// Blocks referenced for this request until it is admitted (the caller's reference passes
+    /// to the scheduler).
+    pub fn pin(&mut self, blocks: Vec<BlockId>) {
+        self.pinned = blocks;
+    }
+
+    /// The prompt's tokens.
+    pub fn prompt(&self) -> &[u32] {
+        &self.tokens[..self.num_prompt]
     }
 
     pub(super) fn num_output(&self) -> usize {

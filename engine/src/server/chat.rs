@@ -14,7 +14,8 @@ use warmpath_wire::openai::{
 
 use super::generate::{self, ChunkFormat, ResponseMeta, SamplingFields};
 use super::logprobs::{self, Entry};
-use super::{check_model, read_body, AppState, ErrorReply};
+use super::{check_model, handoff, read_body, AppState, ErrorReply};
+use crate::kv_transfer::KvRole;
 use warmpath_wire::tool_calls::{self, CallParser, Parsed};
 
 pub async fn handle(State(state): State<Arc<AppState>>, body: Body) -> Response {
@@ -54,14 +55,19 @@ async fn run(state: Arc<AppState>, body: Body) -> Result<Response, ApiError> {
         logprobs: logprobs::chat_request(&req.extra)?,
     };
     let want_logprobs = fields.logprobs.is_some();
-    let choices = fields.choices(&state, vec![prompt])?;
-    let running = generate::submit(&state, choices, req.cache_salt.clone())?;
+    let salt = req.cache_salt.as_deref();
+    let stream = req.stream.unwrap_or(false);
+    let choices = fields.choices(&state, vec![prompt.clone()])?;
+    let (role, handoff) = handoff::prepare(&state, &req.extra, stream, choices.len(), &prompt, salt).await?;
+    let running = generate::submit(&state, choices, req.cache_salt.clone(), handoff)?;
+    let params =
+        (role == Some(KvRole::Prefill)).then(|| handoff::answer(&state, running.first_id(), &prompt, salt));
     let meta = ResponseMeta::new("chatcmpl", &running, &req.model, req.stream_options.as_ref());
     // Tool calls are parsed out of the text when the request offers tools (vLLM's
     // `--enable-auto-tool-choice` behaviour).
     let tools = req.tools.as_ref().is_some_and(|t| !t.is_empty());
     let id_prefix = format!("{:x}", running.first_id());
-    if req.stream.unwrap_or(false) {
+    if stream {
         let parsers = tools.then(|| Mutex::new(HashMap::new()));
         return Ok(generate::stream(running, ChatFormat { meta, parsers, id_prefix }, faults));
     }
@@ -92,7 +98,7 @@ async fn run(state: Arc<AppState>, body: Body) -> Result<Response, ApiError> {
             .collect(),
         usage,
     };
-    generate::json_reply(&resp, &faults)
+    generate::json_reply(&handoff::with_params(&resp, params)?, &faults)
 }
 
 /// The `--script` reply for this request, as forced output tokens ending the turn.

@@ -12,7 +12,8 @@ use warmpath_wire::openai::{
 
 use super::generate::{self, ChunkFormat, ResponseMeta, SamplingFields};
 use super::logprobs::{self, Entry};
-use super::{check_model, read_body, AppState, ErrorReply};
+use super::{check_model, handoff, read_body, AppState, ErrorReply};
+use crate::kv_transfer::KvRole;
 
 pub async fn handle(State(state): State<Arc<AppState>>, body: Body) -> Response {
     match run(state, body).await {
@@ -65,10 +66,16 @@ async fn run(state: Arc<AppState>, body: Body) -> Result<Response, ApiError> {
         logprobs: logprobs::completion_request(&req.extra)?,
     };
     let want_logprobs = fields.logprobs.is_some();
+    let salt = req.cache_salt.as_deref();
+    let stream = req.stream.unwrap_or(false);
+    let first = prompts[0].clone();
     let choices = fields.choices(&state, prompts)?;
-    let running = generate::submit(&state, choices, req.cache_salt.clone())?;
+    let (role, handoff) = handoff::prepare(&state, &req.extra, stream, choices.len(), &first, salt).await?;
+    let running = generate::submit(&state, choices, req.cache_salt.clone(), handoff)?;
+    let params =
+        (role == Some(KvRole::Prefill)).then(|| handoff::answer(&state, running.first_id(), &first, salt));
     let meta = ResponseMeta::new("cmpl", &running, &req.model, req.stream_options.as_ref());
-    if req.stream.unwrap_or(false) {
+    if stream {
         let offsets = want_logprobs.then(|| Mutex::new(HashMap::new()));
         return Ok(generate::stream(running, CompletionFormat { meta, offsets }, faults));
     }
@@ -90,7 +97,7 @@ async fn run(state: Arc<AppState>, body: Body) -> Result<Response, ApiError> {
             .collect(),
         usage: Some(Some(usage)),
     };
-    generate::json_reply(&resp, &faults)
+    generate::json_reply(&handoff::with_params(&resp, params)?, &faults)
 }
 
 struct CompletionFormat {

@@ -224,7 +224,10 @@ pub fn submit(
     state: &AppState,
     specs: Vec<ChoiceSpec>,
     cache_salt: Option<String>,
+    handoff: crate::core::Handoff,
 ) -> Result<Running, ApiError> {
+    // A handoff has one choice ([`super::handoff::prepare`]).
+    let mut handoff = Some(handoff);
     let mut prompt_tokens = Vec::new();
     let mut choices = Vec::with_capacity(specs.len());
     for c in specs {
@@ -232,7 +235,8 @@ pub fn submit(
             prompt_tokens.resize(c.prompt_index + 1, 0);
         }
         prompt_tokens[c.prompt_index] = c.prompt.len();
-        let stream = state.engine.generate(c.prompt, c.params, cache_salt.clone())?;
+        let h = handoff.take().unwrap_or_default();
+        let stream = state.engine.generate_with(c.prompt, c.params, cache_salt.clone(), h)?;
         choices.push(Choice {
             index: c.index,
             prompt_index: c.prompt_index,

@@ -8,6 +8,7 @@
 mod chat;
 mod completions;
 mod generate;
+mod handoff;
 mod logprobs;
 mod text;
 mod tokenize;
@@ -37,6 +38,8 @@ pub struct AppState {
     pub max_body_bytes: usize,
     /// Scripted replies (`--script`, a test hook); empty normally.
     pub script: crate::script::Script,
+    /// Prefill/decode handoffs.
+    pub transfer: crate::kv_transfer::TransferConfig,
 }
 
 impl AppState {

@@ -16,6 +16,8 @@ pub struct TestEngine {
     pub addr: SocketAddr,
     pub kv_events: Option<String>,
     pub kv_replay: Option<String>,
+    /// Where the engine serves its K/V to decode replicas (`--kv-transfer-port`).
+    pub kv_transfer: Option<SocketAddr>,
     _stop: tokio::sync::oneshot::Sender<()>,
 }
 
@@ -24,11 +26,12 @@ pub async fn start(args: EngineArgs) -> TestEngine {
     let addr = server.addr;
     let kv_events = server.kv_events_endpoint.clone();
     let kv_replay = server.kv_events_replay_endpoint.clone();
+    let kv_transfer = server.kv_transfer_addr;
     let (tx, rx) = tokio::sync::oneshot::channel::<()>();
     tokio::spawn(server.run_until(async move {
         let _ = rx.await;
     }));
-    TestEngine { addr, kv_events, kv_replay, _stop: tx }
+    TestEngine { addr, kv_events, kv_replay, kv_transfer, _stop: tx }
 }
 
 pub async fn micro() -> TestEngine {
