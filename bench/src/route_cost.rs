@@ -88,6 +88,7 @@ fn pool(n: usize, capacity: usize, metrics: &Metrics) -> anyhow::Result<Pool> {
             kv_events: None,
             kv_replay: None,
             api_key: None,
+            role: b.role,
         })
         .collect();
     let units = PromptUnits { exact_tokens: true, per_token_guess: 1.0, per_block: 16 };

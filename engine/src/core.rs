@@ -332,6 +332,10 @@ impl EngineLoop {
                 self.streams.remove(&id);
                 if self.sched.abort(id) {
                     tracing::debug!(id, "request aborted");
+                } else if self.sched.release(id) {
+                    // A prefill for a remote decode that finished in the step its client left
+                    // during: nobody will fetch what it holds.
+                    tracing::debug!(id, "held blocks of an abandoned prefill freed");
                 }
             }
             Command::ResetPrefixCache => self.sched.pool_mut().reset_prefix_cache(),

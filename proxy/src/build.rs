@@ -8,7 +8,7 @@ use std::sync::Arc;
 use crate::auth::Auth;
 use crate::cache::ResponseCache;
 use crate::canon::Canon;
-use crate::config::{Config, PoolConfig};
+use crate::config::{BackendRole, Config, PoolConfig};
 use crate::embedded::Replica;
 use crate::limits::{Buffered, Connections};
 use crate::observe::{Lifecycle, Metrics};
@@ -83,7 +83,8 @@ pub fn state(
     };
     let late = LateState::default();
     let pools = build_pools(policy, base, &upstream, &resolved, &late, previous)?;
-    let fleet = Arc::new(Fleet::new(pools.iter().map(|p| p.route.clone()).collect()));
+    let routed = pools.iter().flat_map(|p| std::iter::once(p.route.clone()).chain(p.prefill.clone()));
+    let fleet = Arc::new(Fleet::new(routed.collect()));
     let state = Arc::new(AppState {
         cfg,
         pools,
@@ -132,13 +133,17 @@ fn routing_state(
     metrics: &Metrics,
     previous: Option<&AppState>,
 ) -> Result<Arc<route::Pool>, String> {
+    // A pool's prefill backends are a routing pool of their own, named `POOL:prefill`.
+    let (name, prefill) = match pc.name.strip_suffix(PREFILL_SUFFIX) {
+        Some(name) => (name, true),
+        None => (pc.name.as_str(), false),
+    };
     let before = previous.and_then(|p| {
-        let old_pc = p.cfg.pools.iter().find(|o| o.name == pc.name)?;
-        Some((
-            routing(old_pc, &p.cfg),
-            p.pools.named(&pc.name)?.route.clone(),
-            same(&p.cfg.upstream, &cfg.upstream),
-        ))
+        let old_pc = p.cfg.pools.iter().find(|o| o.name == name)?;
+        let old = p.pools.named(name)?;
+        let route = if prefill { old.prefill.clone()? } else { old.route.clone() };
+        let old_pc = if prefill { prefill_config(old_pc) } else { old_pc.clone() };
+        Some((routing(&old_pc, &p.cfg), route, same(&p.cfg.upstream, &cfg.upstream)))
     });
     if let Some((old, route, _)) = &before {
         let same_backends = route.backends.len() == specs.len()
@@ -207,10 +212,19 @@ fn build_pools(
             per_token_guess: enc.units_per_token_guess(),
             per_block: enc.block_units(),
         };
+        // Prefill-only backends form their own routing pool; the rest serve whole requests and
+        // decode after a remote prefill.
+        let (prefill_specs, specs): (Vec<BackendSpec>, Vec<BackendSpec>) =
+            specs.into_iter().partition(|s| s.role == BackendRole::Prefill);
         let routing = routing_state(pc, cfg, &specs, units, metrics, previous)?;
+        let prefill = match prefill_specs.is_empty() {
+            true => None,
+            false => Some(routing_state(&prefill_config(pc), cfg, &prefill_specs, units, metrics, previous)?),
+        };
         let pool = state::Pool {
             name: pc.name.clone(),
             route: routing,
+            prefill,
             canon,
             response_cache: pc.response_cache.enabled.then(|| ResponseCache::new(&pc.response_cache)),
             responses: pc.responses,
@@ -230,6 +244,15 @@ fn build_pools(
         pools.push((pool, pc.models.clone()));
     }
     Ok(Pools::new(pools))
+}
+
+/// The name suffix of a pool's prefill routing pool.
+const PREFILL_SUFFIX: &str = ":prefill";
+
+/// Pool `pc` as its prefill backends' routing pool sees it: the same settings, its own name
+/// (in metrics and on its backends).
+fn prefill_config(pc: &PoolConfig) -> PoolConfig {
+    PoolConfig { name: format!("{}{PREFILL_SUFFIX}", pc.name), ..pc.clone() }
 }
 
 /// What pool `pc`'s checks call: the shared connector, and its guard model's pool.
@@ -268,6 +291,7 @@ fn replica_spec(pool: &str, r: usize, rep: &Replica) -> BackendSpec {
         kv_events: rep.kv_events.clone(),
         kv_replay: rep.kv_replay.clone(),
         api_key: None,
+        role: if rep.prefill { BackendRole::Prefill } else { BackendRole::Both },
     }
 }
 

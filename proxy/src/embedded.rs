@@ -19,6 +19,8 @@ pub struct Replica {
     pub kv_events: Option<String>,
     /// Where it answers replays of recent KV event batches.
     pub kv_replay: Option<String>,
+    /// It only prefills (`prefill_replicas`), serving its K/V to the others.
+    pub prefill: bool,
 }
 
 pub struct Embedded {
@@ -45,6 +47,9 @@ fn engine_args(e: &EmbeddedConfig, served_name: Option<&str>, id: usize) -> Engi
     if e.kv_events {
         a.kv_events_endpoint = Some("tcp://127.0.0.1:0".to_owned());
         a.kv_events_replay_endpoint = Some("tcp://127.0.0.1:0".to_owned());
+    }
+    if id < e.prefill_replicas {
+        a.kv_transfer_port = Some(0);
     }
     a
 }
@@ -83,6 +88,7 @@ pub fn start(cfg: &Config) -> anyhow::Result<Embedded> {
                             addr: s.addr,
                             kv_events: s.kv_events_endpoint.clone(),
                             kv_replay: s.kv_events_replay_endpoint.clone(),
+                            prefill: s.kv_transfer_addr.is_some(),
                         };
                         addrs.push((pi, replica));
                         servers.push(s);

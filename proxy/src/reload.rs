@@ -186,8 +186,7 @@ impl Reload for Reloader {
 /// Drops the gauges of the backends `old` has and `new` does not.
 fn forget_gone(metrics: &crate::observe::Metrics, old: &AppState, new: &AppState) {
     for b in old.fleet.backends() {
-        let kept =
-            new.pools.named(&b.pool).is_some_and(|p| p.route.backends.iter().any(|n| n.name == b.name));
+        let kept = new.fleet.backends().any(|n| n.pool == b.pool && n.name == b.name);
         if !kept {
             metrics.forget_backend(&b.pool, &b.name);
         }

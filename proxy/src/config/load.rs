@@ -214,6 +214,23 @@ url = "http://127.0.0.1:8000"
     }
 
     #[test]
+    fn a_split_pool_keeps_a_backend_that_decodes() {
+        let prefill = MINIMAL.replace("8000\"", "8000\"\nrole = \"prefill\"");
+        let e = err(&prefill);
+        assert!(e.message.starts_with("pools[0].backends: every backend has role \"prefill\""), "{e}");
+        let two = format!("{prefill}\n[[pools.backends]]\nname = \"b\"\nurl = \"http://127.0.0.1:8001\"\nrole = \"decode\"\n");
+        parse("p.toml", &two).expect("one prefills, one decodes");
+        let e = err(&MINIMAL.replace("8000\"", "8000\"\nrole = \"both-ways\""));
+        assert!(e.message.contains("expected one of `both`, `prefill`, `decode`"), "{e}");
+        let embedded = |n: usize| {
+            format!("[[pools]]\nname = \"e\"\nmodels = [\"*\"]\n[pools.embedded]\nreplicas = 2\nprefill_replicas = {n}\n")
+        };
+        parse("p.toml", &embedded(1)).expect("one of two prefills");
+        let e = err(&embedded(2));
+        assert!(e.message.starts_with("pools[0].embedded.prefill_replicas: 2 of 2 replicas"), "{e}");
+    }
+
+    #[test]
     fn the_index_ttl_is_bounded_by_what_its_clock_keeps() {
         let ttl = |t: u64| format!("{MINIMAL}[pools.cache_aware]\nttl_s = {t}\n");
         parse("p.toml", &ttl(8_000)).expect("valid");

@@ -270,6 +270,22 @@ pub struct BackendConfig {
     /// Off: one backend, connecting to the name's first address.
     #[serde(default)]
     pub expand: bool,
+    /// What it is sent in prefill/decode disaggregation: `both` (whole requests, and decodes
+    /// after a remote prefill where the pool has prefill backends), `decode` (the same; the
+    /// name says what it is for), `prefill` (only the prefill half of requests, answered with
+    /// vLLM's `kv_transfer_params`).
+    #[serde(default)]
+    pub role: BackendRole,
+}
+
+/// A backend's part in prefill/decode disaggregation.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum BackendRole {
+    #[default]
+    Both,
+    Prefill,
+    Decode,
 }
 
 fn default_weight() -> u32 {
@@ -292,6 +308,9 @@ pub struct EmbeddedConfig {
     /// `[pools.embedded.speculative]`: n-gram speculative decoding (vLLM's speculative config
     /// keys); absent: off unless a request asks (`num_speculative_tokens`).
     pub speculative: Option<warmpath_engine::spec::SpecConfig>,
+    /// Of the replicas, how many only prefill (role `prefill`, serving their K/V to the
+    /// others, which decode): 0 for none (every replica serves whole requests).
+    pub prefill_replicas: usize,
 }
 
 impl Default for EmbeddedConfig {
@@ -305,6 +324,7 @@ impl Default for EmbeddedConfig {
             max_model_len: 4096,
             kv_events: false,
             speculative: None,
+            prefill_replicas: 0,
         }
     }
 }

@@ -5,8 +5,8 @@ use std::collections::HashMap;
 use std::fmt;
 
 use super::{
-    Config, IndexMode, KeysStore, LimitsStore, PolicyKind, StoreKind, TokenizerKind, MAX_BACKENDS_PER_POOL,
-    MAX_INDEX_TTL_S,
+    BackendRole, Config, IndexMode, KeysStore, LimitsStore, PolicyKind, StoreKind, TokenizerKind,
+    MAX_BACKENDS_PER_POOL, MAX_INDEX_TTL_S,
 };
 
 /// One step of a key path: a table key or an array index.
@@ -209,6 +209,12 @@ pub fn validate(cfg: &Config) -> Result<(), Invalid> {
                 if let Some(spec) = &e.speculative {
                     spec.check().map_err(|err| ep.key("speculative").err(err.to_string()))?;
                 }
+                if e.prefill_replicas >= e.replicas {
+                    return Err(ep.key("prefill_replicas").err(format!(
+                        "{} of {} replicas would only prefill: at least one must decode",
+                        e.prefill_replicas, e.replicas
+                    )));
+                }
             }
             (None, false) => {}
         }
@@ -228,6 +234,12 @@ pub fn validate(cfg: &Config) -> Result<(), Invalid> {
                     "an expanded name's pods each publish their own KV events: expand cannot take kv_events",
                 ));
             }
+        }
+        let prefill = pool.backends.iter().filter(|b| b.role == BackendRole::Prefill).count();
+        if prefill > 0 && prefill == pool.backends.len() {
+            return Err(p
+                .key("backends")
+                .err("every backend has role \"prefill\": at least one must decode"));
         }
         if pool.policy == PolicyKind::PrefixHash {
             let ph = p.key("prefix_hash");

@@ -49,6 +49,11 @@ pub struct Metrics {
     pub retries: IntCounterVec,
     /// `pool`: a retry was wanted but the retry budget was spent.
     pub retry_budget_exhausted: IntCounterVec,
+    /// `pool`, `outcome`: prefills sent to prefill backends (`ok`; or the request went whole to
+    /// a decode backend: `failed`, `refused`, `unsupported`).
+    pub prefills: IntCounterVec,
+    /// `pool`: a prefill's time, sent to its `kv_transfer_params` in.
+    pub prefill_duration: HistogramVec,
     /// `pool`, `backend`.
     pub ejections: IntCounterVec,
     /// `backend`, `kind` (`connect`, `timeout`, `status_5xx`, `io`, `stream_cut`).
@@ -436,6 +441,16 @@ impl Metrics {
             retry_budget_exhausted: counter(
                 "warmpath_retry_budget_exhausted_total",
                 "Retries not made because the retry budget was spent.",
+                &["pool"],
+            ),
+            prefills: counter(
+                "warmpath_prefills_total",
+                "Prefills sent to a pool's prefill backends before the decode, by outcome.",
+                &["pool", "outcome"],
+            ),
+            prefill_duration: histogram(
+                "warmpath_prefill_duration_seconds",
+                "Time from sending a prefill to its answer's kv_transfer_params.",
                 &["pool"],
             ),
             ejections: counter(

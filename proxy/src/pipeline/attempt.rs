@@ -27,6 +27,9 @@ use crate::upstream::FailKind;
 /// Most bytes of a 5xx body kept to hand to the client if no retry succeeds.
 const MAX_ERROR_BODY: usize = 1 << 20;
 
+/// Largest whole (non-streamed) response read to look into it (searches, a prefill's answer).
+const MAX_WHOLE_BODY: usize = 64 << 20;
+
 /// Why an attempt did not produce the client's answer.
 #[derive(Debug)]
 pub(super) enum Failure {
@@ -139,6 +142,19 @@ pub(super) async fn reach(
         }
     }
     Ok(Reached::Failed(Failure::Status { header: Box::new(header), body: buf.freeze() }))
+}
+
+/// A response body read whole (up to [`MAX_WHOLE_BODY`]), or why not.
+pub(super) async fn read_whole(up: &mut Conn) -> Result<Bytes, FailKind> {
+    let mut buf = BytesMut::new();
+    loop {
+        match up.read_response_body().await {
+            Ok(Some(b)) if buf.len() + b.len() <= MAX_WHOLE_BODY => buf.extend_from_slice(&b),
+            Ok(Some(_)) => return Err(FailKind::Io),
+            Ok(None) => return Ok(buf.freeze()),
+            Err(e) => return Err(FailKind::of(&e)),
+        }
+    }
 }
 
 /// Counts a backend fault against `backend` (which may eject it).

@@ -7,7 +7,7 @@
 use std::sync::Arc;
 use std::time::Instant;
 
-use bytes::{Bytes, BytesMut};
+use bytes::Bytes;
 use http::header;
 use pingora::http::ResponseHeader;
 use serde_json::Value;
@@ -29,9 +29,6 @@ use crate::tools::search::{self, SearchPlan, StreamRound};
 use crate::tools::Api;
 use crate::upstream::conn::Conn;
 use crate::upstream::FailKind;
-
-/// Largest whole (non-streamed) response read to look for searches.
-const MAX_WHOLE_BODY: usize = 64 << 20;
 
 /// The request as it goes out round after round.
 struct Rounds<'a> {
@@ -93,18 +90,6 @@ impl Rounds<'_> {
     }
 }
 
-async fn read_whole(up: &mut Conn) -> Result<Bytes, FailKind> {
-    let mut buf = BytesMut::new();
-    loop {
-        match up.read_response_body().await {
-            Ok(Some(b)) if buf.len() + b.len() <= MAX_WHOLE_BODY => buf.extend_from_slice(&b),
-            Ok(Some(_)) => return Err(FailKind::Io),
-            Ok(None) => return Ok(buf.freeze()),
-            Err(e) => return Err(FailKind::of(&e)),
-        }
-    }
-}
-
 /// Serves the rest of a request whose tools were deferred (`plan`), sent to `sel`, whose first
 /// response header (status 200) is in.
 pub(super) async fn serve(
@@ -144,7 +129,7 @@ async fn whole(
 ) -> pingora::Result<Attempt> {
     let mut earlier: Option<Value> = None;
     loop {
-        let bytes = match read_whole(&mut up).await {
+        let bytes = match attempt::read_whole(&mut up).await {
             Ok(b) => b,
             Err(kind) if r.done == 0 => return Ok(Attempt::Failed(Failure::Io(kind))),
             Err(kind) => {

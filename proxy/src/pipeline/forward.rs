@@ -9,6 +9,7 @@ use http::header;
 use pingora::http::ResponseHeader;
 
 use super::attempt::{self, Attempt, Reached, Retries};
+use super::disagg::Prefilled;
 use super::downstream::Downstream;
 use super::headers::{is_sse, response_header, WarmpathHeaders};
 use super::relay::{
@@ -30,6 +31,18 @@ pub(super) async fn forward(
     key: &RouteKey,
 ) -> pingora::Result<()> {
     let (state, pool) = (out.state, &*out.pool.route);
+    // Where the pool has prefill backends, the prefill first; the decode body then carries
+    // where its K/V waits.
+    let (decode, prefilled_on) = match super::disagg::prefill(out, down, ctx, key).await? {
+        Prefilled::Decode { body, backend } => (Some(body), Some(backend)),
+        Prefilled::Whole => (None, None),
+        Prefilled::ClientGone => {
+            super::client_left(state, down, ctx);
+            ctx.status = 499;
+            return Ok(());
+        }
+    };
+    let body = decode.as_ref().unwrap_or(&out.body);
     let mut retries = Retries::new(state, pool);
     loop {
         let routing = Instant::now();
@@ -66,6 +79,10 @@ pub(super) async fn forward(
         if retries.attempt > 1 {
             route_hdr.push_str(&format!("; attempt={}", retries.attempt));
         }
+        if let Some(p) = &prefilled_on {
+            route_hdr.push_str("; prefill=");
+            route_hdr.push_str(p);
+        }
         // The detail is in the header now: the status page takes it.
         let detail = std::mem::take(&mut sel.detail);
         state.metrics.recent.push("route", &pool.name, &backend.name, sel.reason, detail);
@@ -83,7 +100,7 @@ pub(super) async fn forward(
                 ctx.span("upstream attempt", Kind::Client, sent, attrs, error.map(str::to_owned));
             }
         };
-        let (up, header) = match attempt::reach(state, down, &backend, out.template, &out.body).await? {
+        let (up, header) = match attempt::reach(state, down, &backend, out.template, body).await? {
             Reached::Header(up, header) => (up, header),
             Reached::ClientGone => {
                 attempt_span(ctx, None, Some("the client left"));

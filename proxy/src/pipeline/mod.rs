@@ -20,6 +20,7 @@
 mod attempt;
 pub mod cached;
 mod deferred;
+mod disagg;
 pub mod downstream;
 mod forward;
 mod gate;

@@ -23,7 +23,9 @@ pub use budget::RetryBudget;
 pub use policy::{Candidate, Candidates, Decision, Policy, RouteKey, State};
 use queue::{Queue, QueueMetrics};
 
-use crate::config::{BackendConfig, BackendUrl, CacheAwareConfig, Config, PolicyKind, PoolConfig};
+use crate::config::{
+    BackendConfig, BackendRole, BackendUrl, CacheAwareConfig, Config, PolicyKind, PoolConfig,
+};
 use crate::observe::Metrics;
 use crate::upstream::dns::Resolved;
 use crate::upstream::Peer;
@@ -75,6 +77,8 @@ pub struct BackendSpec {
     pub kv_replay: Option<String>,
     /// The backend's own API key (from `api_key_env`).
     pub api_key: Option<String>,
+    /// Its part in prefill/decode disaggregation.
+    pub role: BackendRole,
 }
 
 impl BackendSpec {
@@ -89,6 +93,7 @@ impl BackendSpec {
             kv_events: b.kv_events.clone(),
             kv_replay: b.kv_events_replay.clone(),
             api_key: b.api_key_env.as_ref().and_then(|v| std::env::var(v).ok()),
+            role: b.role,
         };
         Ok(match b.expand {
             true => resolved.all(&b.url).iter().map(|a| spec(format!("{}@{}", b.name, a.ip()), *a)).collect(),

@@ -15,6 +15,9 @@ pub struct Pool {
     pub name: String,
     /// Backends, policy, retry budget.
     pub route: Arc<route::Pool>,
+    /// Its prefill-only backends (role `prefill`), where it has any: each request's prefill
+    /// goes to one of them first, and its decode to `route`.
+    pub prefill: Option<Arc<route::Pool>>,
     /// How its requests are canonicalized and cut into prefix blocks.
     pub canon: Canon,
     /// `[pools.response_cache]`, where enabled.
