@@ -225,6 +225,7 @@ fn build_pools(
             name: pc.name.clone(),
             route: routing,
             prefill,
+            disagg: pc.disagg.clone(),
             canon,
             response_cache: pc.response_cache.enabled.then(|| ResponseCache::new(&pc.response_cache)),
             responses: pc.responses,

@@ -10,9 +10,16 @@ use std::time::Duration;
 use serde_json::{json, Value};
 use warmpath_tests::*;
 
-/// A pool of `backends` (name, url, role) under `policy`.
+/// A pool of `backends` (name, url, role) under `policy`, every prompt prefilled remotely.
 fn pool(policy: &str, backends: &[(&str, String, &str)]) -> String {
-    let mut s = format!("[[pools]]\nname = \"main\"\nmodels = [\"m\"]\npolicy = {policy:?}\n");
+    split_pool(policy, 0, backends)
+}
+
+/// [`pool`] prefilling remotely only prompts of `min` tokens or more.
+fn split_pool(policy: &str, min: usize, backends: &[(&str, String, &str)]) -> String {
+    let mut s = format!(
+        "[[pools]]\nname = \"main\"\nmodels = [\"m\"]\npolicy = {policy:?}\n[pools.disagg]\nmin_prompt_tokens = {min}\n"
+    );
     for (name, url, role) in backends {
         s.push_str(&format!("\n[[pools.backends]]\nname = {name:?}\nurl = {url:?}\nrole = {role:?}\n"));
     }
@@ -156,7 +163,8 @@ fn a_decode_engine_dying_after_its_first_tokens_ends_the_stream_with_an_error_ev
 #[test]
 fn an_embedded_pool_splits_its_replicas_into_prefill_and_decode() {
     let proxy = Proxy::start(
-        "[[pools]]\nname = \"e\"\nmodels = [\"m\"]\n[pools.embedded]\nreplicas = 3\nprefill_replicas = 1\n\
+        "[[pools]]\nname = \"e\"\nmodels = [\"m\"]\n[pools.disagg]\nmin_prompt_tokens = 0\n\
+         [pools.embedded]\nreplicas = 3\nprefill_replicas = 1\n\
          model = \"micro\"\nexecutor = \"sim\"\n",
     );
     for _ in 0..2 {
@@ -167,4 +175,18 @@ fn an_embedded_pool_splits_its_replicas_into_prefill_and_decode() {
         assert!(r.header("x-warmpath-backend").is_some_and(|b| b == "e-1" || b == "e-2"));
     }
     assert_eq!(series(&proxy.metrics(), "warmpath_prefills_total", "outcome=\"ok\""), 2.0);
+}
+
+#[test]
+fn short_prompts_are_prefilled_where_they_are_decoded() {
+    let p = Engine::sim("m", &["--kv-transfer-port", "0"]);
+    let d = Engine::sim("m", &[]);
+    let proxy =
+        Proxy::start(&split_pool("cache_aware", 200, &[("p", p.url(), "prefill"), ("d", d.url(), "decode")]));
+    let short = post_json(proxy.addr, "/v1/chat/completions", &ask(20, 2, false));
+    assert_eq!(short.status, 200);
+    assert!(short.header("x-warmpath-route").is_some_and(|h| !h.contains("prefill=")), "under 200 tokens");
+    let long = post_json(proxy.addr, "/v1/chat/completions", &ask(300, 2, false));
+    assert!(long.header("x-warmpath-route").is_some_and(|h| h.contains("prefill=p")), "over 200 tokens");
+    assert_eq!(series(&proxy.metrics(), "warmpath_prefills_total", ""), 1.0);
 }

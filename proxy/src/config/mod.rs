@@ -19,8 +19,8 @@ pub use auth::{AuthConfig, KeyEntry, KeyLimits, KeysFile, KeysStore, LimitsStore
 pub use canon::{BuiltinRule, CanonConfig, NoteRole, RuleConfig, TokenizerKind, ToolsConfig};
 pub use load::{load, locate, parse, ConfigError, Source};
 pub use pool::{
-    BackendConfig, BackendRole, CacheAwareConfig, EmbeddedConfig, EmbeddedExecutor, IndexMode, PolicyKind,
-    PoolConfig, PrefixHashConfig, ResponseCacheConfig, ResponsesMode, SessionConfig, Tenants,
+    BackendConfig, BackendRole, CacheAwareConfig, DisaggConfig, EmbeddedConfig, EmbeddedExecutor, IndexMode,
+    PolicyKind, PoolConfig, PrefixHashConfig, ResponseCacheConfig, ResponsesMode, SessionConfig, Tenants,
 };
 pub use redis::RedisConfig;
 pub use safety::{

@@ -58,6 +58,9 @@ pub struct PoolConfig {
     /// `x-warmpath-backend` (routing details say what is cached; off unless the pool opts in).
     #[serde(default)]
     pub route_headers: bool,
+    /// `[pools.disagg]`: which requests go through the prefill backends, where it has any.
+    #[serde(default)]
+    pub disagg: DisaggConfig,
     #[serde(default)]
     pub backends: Vec<BackendConfig>,
     /// Start bundled engine replicas instead of naming backends.
@@ -276,6 +279,22 @@ pub struct BackendConfig {
     /// vLLM's `kv_transfer_params`).
     #[serde(default)]
     pub role: BackendRole,
+}
+
+/// `[pools.disagg]`: prefill/decode disaggregation in a pool with prefill backends.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct DisaggConfig {
+    /// Prompts shorter than this (in tokens, estimated where the pool does not count them)
+    /// are prefilled by the decode backend itself: sending them away costs more than the few
+    /// decode steps they slow (as Dynamo's `max_local_prefill_length`).
+    pub min_prompt_tokens: usize,
+}
+
+impl Default for DisaggConfig {
+    fn default() -> Self {
+        DisaggConfig { min_prompt_tokens: 512 }
+    }
 }
 
 /// A backend's part in prefill/decode disaggregation.

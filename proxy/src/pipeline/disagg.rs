@@ -47,6 +47,9 @@ pub(super) async fn prefill(
     if !matches!(out.route, LlmRoute::Chat | LlmRoute::Completions) || out.search.is_some() {
         return Ok(Prefilled::Whole);
     }
+    if prompt_tokens(out, key) < out.pool.disagg.min_prompt_tokens {
+        return Ok(Prefilled::Whole);
+    }
     let Some(request) = handed_over(&out.body) else { return Ok(Prefilled::Whole) };
     let (state, m) = (out.state, &out.state.metrics);
     let started = Instant::now();
@@ -102,6 +105,17 @@ pub(super) async fn prefill(
     decode.insert("kv_transfer_params".into(), params);
     let body = Bytes::from(serde_json::to_vec(&decode).unwrap_or_default());
     Ok(Prefilled::Decode { body, backend })
+}
+
+/// The prompt's tokens: counted where the pool counts them, else estimated from its units or,
+/// where the policy reads none, from the body (about four bytes a token).
+fn prompt_tokens(out: &Outgoing<'_>, key: &RouteKey) -> usize {
+    let units = &out.pool.route.units;
+    match key.tokens {
+        0 => out.body.len() / 4,
+        n if units.exact_tokens => n,
+        n => (n as f64 / units.per_token_guess.max(1.0)) as usize,
+    }
 }
 
 /// The request as a JSON object, where it can be handed over: one choice, and no

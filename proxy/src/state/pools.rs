@@ -18,6 +18,8 @@ pub struct Pool {
     /// Its prefill-only backends (role `prefill`), where it has any: each request's prefill
     /// goes to one of them first, and its decode to `route`.
     pub prefill: Option<Arc<route::Pool>>,
+    /// `[pools.disagg]`: which requests `prefill` takes.
+    pub disagg: crate::config::DisaggConfig,
     /// How its requests are canonicalized and cut into prefix blocks.
     pub canon: Canon,
     /// `[pools.response_cache]`, where enabled.
