@@ -17,6 +17,10 @@ pub struct EngineOpts {
     /// Engine executor: `sim` (timing model) or `llama` (the real forward pass; small runs only).
     #[arg(long, default_value = "sim")]
     pub executor: String,
+    /// Engine model for `--executor llama`: `tiny` (dummy weights) or `smollm2-135m-instruct`
+    /// (the real model scripts/ensure-deps installs); the sim executor tokenizes with tiny's.
+    #[arg(long, default_value = "tiny")]
+    pub engine_model: String,
     /// KV cache blocks per engine (16 tokens each); default: `--kv-fraction` of the working set.
     #[arg(long)]
     pub kv_blocks: Option<usize>,
@@ -59,6 +63,18 @@ impl Fleet {
         max_model_len: usize,
         model: &str,
     ) -> anyhow::Result<Fleet> {
+        Fleet::start_with(n, o, kv_blocks, max_model_len, model, &|_| Vec::new()).await
+    }
+
+    /// [`Fleet::start`], engine `i` with the extra flags `extra(i)`.
+    pub async fn start_with(
+        n: usize,
+        o: &EngineOpts,
+        kv_blocks: usize,
+        max_model_len: usize,
+        model: &str,
+        extra: &dyn Fn(usize) -> Vec<String>,
+    ) -> anyhow::Result<Fleet> {
         let bin = targets::sibling("warmpath-engine")?;
         let mut engines = Vec::new();
         let mut kv_events = Vec::new();
@@ -66,7 +82,7 @@ impl Fleet {
             let addr = targets::free_addr()?;
             let kv = format!("tcp://{}", targets::free_addr()?);
             let mut cmd = Command::new(&bin);
-            cmd.args(["--executor", &o.executor, "--model", "tiny", "--served-model-name", model])
+            cmd.args(["--executor", &o.executor, "--model", &o.engine_model, "--served-model-name", model])
                 .args(["--port", &addr.port().to_string(), "--engine-id", &i.to_string()])
                 .args(["--kv-blocks", &kv_blocks.to_string(), "--block-size", &BLOCK_SIZE.to_string()])
                 .args(["--max-model-len", &max_model_len.to_string()])
@@ -75,7 +91,8 @@ impl Fleet {
                 .args(["--sim-prefill-us-per-token", &o.prefill_us_per_token.to_string()])
                 .args(["--sim-itl-ms", &o.itl_ms.to_string()])
                 .args(["--weight-seed", "0"])
-                .args(["--kv-events-endpoint", &kv]);
+                .args(["--kv-events-endpoint", &kv])
+                .args(extra(i));
             engines.push(targets::spawn(&format!("engine-{i}"), &mut cmd, addr)?);
             kv_events.push(kv);
         }

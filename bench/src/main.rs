@@ -9,6 +9,7 @@ mod engine_vs;
 mod fleet;
 mod load;
 mod overhead;
+mod pd;
 mod procfs;
 mod refs;
 mod replay;
@@ -66,6 +67,10 @@ enum Cmd {
     /// Redis restarts: every request and WebSocket turn sorted as its client saw it (lost and
     /// hung must be 0), with memory and file descriptors before and after.
     Soak(soak::Args),
+    /// Prefill/decode disaggregation at equal hardware: co-located engines against the same
+    /// count split into prefill and decode, under streams decoding while bursts of long
+    /// prompts arrive; TTFT and TPOT p50/p99 and their ratios.
+    Pd(pd::Args),
 }
 
 fn main() -> anyhow::Result<()> {
@@ -81,6 +86,7 @@ fn main() -> anyhow::Result<()> {
             Cmd::RouteCost(a) => route_cost::run(a),
             Cmd::Safety(a) => safety::run(a).await,
             Cmd::Soak(a) => soak::run(a).await,
+            Cmd::Pd(a) => pd::run(a).await,
         }
     }))
 }

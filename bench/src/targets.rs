@@ -178,13 +178,8 @@ pub fn warmpath_binary(
     if !policy_table.is_empty() {
         features.push_str(&format!("[pools.{policy}]\n{policy_table}"));
     }
-    let (addr, admin) = (free_addr()?, free_addr()?);
-    let dir = work_dir(&format!("warmpath-{policy}-{}", addr.port()))?;
-    let file = dir.join("policy.toml");
     let mut toml = format!(
-        "[server]\nlisten = \"{addr}\"\nadmin = \"{admin}\"\nthreads = {threads}\n\
-         [log]\nlevel = \"warn\"\n\
-         [[pools]]\nname = \"bench\"\nmodels = [\"*\"]\npolicy = \"{policy}\"\nmax_inflight_per_backend = 4096\n"
+        "[[pools]]\nname = \"bench\"\nmodels = [\"*\"]\npolicy = \"{policy}\"\nmax_inflight_per_backend = 4096\n"
     );
     for (i, b) in backends.iter().enumerate() {
         toml.push_str(&format!("[[pools.backends]]\nname = \"b{i}\"\nurl = \"http://{b}\"\n"));
@@ -194,13 +189,21 @@ pub fn warmpath_binary(
     }
     toml.push_str(&features);
     toml.push_str(extra);
+    warmpath_pools(bin, &toml, threads, &format!("warmpath {spec}"))
+}
+
+/// warmpath from `bin` serving `pools` (the `[[pools]]` tables of a policy file), named `name`.
+pub fn warmpath_pools(bin: &Path, pools: &str, threads: usize, name: &str) -> anyhow::Result<Target> {
+    let (addr, admin) = (free_addr()?, free_addr()?);
+    let run = format!("warmpath-{}", addr.port());
+    let file = work_dir(&run)?.join("policy.toml");
+    let toml = format!(
+        "[server]\nlisten = \"{addr}\"\nadmin = \"{admin}\"\nthreads = {threads}\n\
+         [log]\nlevel = \"warn\"\n{pools}"
+    );
     std::fs::write(&file, toml)?;
-    let mut t = spawn(
-        &format!("warmpath-{policy}-{}", addr.port()),
-        Command::new(bin).arg("--config").arg(&file),
-        addr,
-    )?;
-    t.name = format!("warmpath {spec}");
+    let mut t = spawn(&run, Command::new(bin).arg("--config").arg(&file), addr)?;
+    t.name = name.to_owned();
     t.admin = Some(admin);
     Ok(t)
 }
