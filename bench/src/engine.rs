@@ -158,6 +158,7 @@ pub fn in_process(
         max_model_len: 8192,
         enable_prefix_caching: true,
         spec,
+        kv_tier_blocks: 0,
     };
     let metrics = Arc::new(Metrics::new(model, "bench", block_size, num_blocks, true));
     let engine = Arc::new(Engine::start(

@@ -31,6 +31,9 @@ pub struct BlockPool {
     num_free: usize,
     cached: HashMap<BlockHash, BlockId>,
     events: Option<Vec<KvEvent>>,
+    /// Where a second tier keeps evicted blocks: the blocks evicted since the last
+    /// [`BlockPool::take_evicted`], whose bytes are still in place until the next step.
+    evicted: Option<Vec<(BlockId, BlockHash)>>,
 }
 
 impl BlockPool {
@@ -50,7 +53,19 @@ impl BlockPool {
             num_free: num_blocks,
             cached: HashMap::new(),
             events: record_events.then(Vec::new),
+            evicted: None,
         }
+    }
+
+    /// Keeps a list of evicted blocks for a second tier to copy ([`BlockPool::take_evicted`]).
+    pub fn keep_evictions(&mut self) {
+        self.evicted.get_or_insert_with(Vec::new);
+    }
+
+    /// The blocks evicted since the last call, with the hash each held; their bytes stay in
+    /// place until a step writes them.
+    pub fn take_evicted(&mut self) -> Vec<(BlockId, BlockHash)> {
+        self.evicted.as_mut().map(std::mem::take).unwrap_or_default()
     }
 
     pub fn block_size(&self) -> usize {
@@ -111,6 +126,9 @@ impl BlockPool {
                 if self.cached.get(&h) == Some(&b) {
                     self.cached.remove(&h);
                     evicted.push(h);
+                    if let Some(kept) = &mut self.evicted {
+                        kept.push((b, h));
+                    }
                 }
             }
             self.ref_cnt[b as usize] = 1;

@@ -93,6 +93,11 @@ pub struct EngineArgs {
     /// Threads a step's matrix products and attention are split over (0: one per core).
     #[arg(long, default_value_t = 0)]
     pub threads: usize,
+    /// Blocks of a second KV tier in host memory: blocks evicted from the cache are copied
+    /// there (least recently used out when full) and a prompt whose prefix continues there
+    /// loads them instead of computing them (0: no tier).
+    #[arg(long, default_value_t = 0)]
+    pub kv_tier_blocks: usize,
     /// Serve this replica's K/V to decode replicas on this port (0 picks one): requests with
     /// `kv_transfer_params.do_remote_decode` hold their blocks for them (prefill/decode
     /// disaggregation). Without it such requests are refused; any replica can decode.

@@ -338,7 +338,7 @@ impl EngineLoop {
                     tracing::debug!(id, "held blocks of an abandoned prefill freed");
                 }
             }
-            Command::ResetPrefixCache => self.sched.pool_mut().reset_prefix_cache(),
+            Command::ResetPrefixCache => self.sched.reset_prefix_cache(),
         }
         self.publish();
     }
@@ -369,8 +369,8 @@ impl EngineLoop {
             return;
         }
         pool.touch(&pinned);
-        let Some(fresh) = pool.allocate(l.blocks.len()) else {
-            pool.free(&pinned);
+        let Some(fresh) = self.sched.allocate(self.exec.as_mut(), l.blocks.len()) else {
+            self.sched.pool_mut().free(&pinned);
             return;
         };
         for (&b, data) in fresh.iter().zip(&l.blocks) {
@@ -426,6 +426,9 @@ impl EngineLoop {
         let pool = self.sched.pool();
         self.metrics.set_state(self.sched.num_running(), self.sched.num_waiting(), pool.usage());
         self.metrics.set_held_blocks(self.sched.num_held_blocks());
+        if let Some((blocks, st)) = self.sched.tier_state() {
+            self.metrics.set_tier(blocks, &st);
+        }
         if let Some(sink) = &self.events {
             let events = self.sched.pool_mut().take_events();
             if !events.is_empty() {

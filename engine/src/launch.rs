@@ -121,6 +121,7 @@ pub async fn launch(args: EngineArgs) -> anyhow::Result<EngineServer> {
         max_model_len: args.max_model_len,
         enable_prefix_caching: info.prefix_caching,
         spec: args.speculative_config.clone(),
+        kv_tier_blocks: args.kv_tier_blocks,
     };
     let engine = Arc::new(Engine::start(info, sched, executor, metrics, sink)?);
     let listener = server::bind(SocketAddr::new(args.host, args.port))

@@ -23,6 +23,7 @@ pub mod core;
 pub mod executor;
 pub mod faults;
 pub mod kv_events;
+pub mod kv_tier;
 pub mod kv_transfer;
 mod launch;
 mod math;

@@ -33,14 +33,6 @@ fn with_port(mut a: EngineArgs) -> EngineArgs {
     a
 }
 
-/// The value of the series `name` whose labels include `label`, 0 if absent.
-fn series(metrics: &str, name: &str, label: &str) -> f64 {
-    metrics
-        .lines()
-        .filter(|l| l.starts_with(name) && l.contains(label))
-        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
-        .sum()
-}
 
 async fn metrics(addr: SocketAddr) -> String {
     get(addr, "/metrics").await.1

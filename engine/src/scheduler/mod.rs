@@ -11,6 +11,7 @@
 //! after the step only what the sampler kept counts as computed.
 
 mod sequence;
+mod tier;
 
 use std::collections::{HashMap, VecDeque};
 use std::time::Instant;
@@ -20,6 +21,7 @@ use warmpath_wire::prefix::extend_block_hashes;
 
 use crate::block_pool::{BlockId, BlockPool};
 use crate::executor::{Executor, SeqStep};
+use crate::kv_tier::HostTier;
 use crate::spec::{Drafter, SpecConfig, MAX_SPECULATIVE_TOKENS};
 pub use sequence::{FinishTimings, SamplingParams, SeqOutput, Sequence, StepStats};
 
@@ -33,6 +35,8 @@ pub struct SchedulerConfig {
     pub enable_prefix_caching: bool,
     /// Speculative decoding for every request that does not say otherwise.
     pub spec: Option<SpecConfig>,
+    /// Blocks of the host-memory tier evicted blocks go to (0: none).
+    pub kv_tier_blocks: usize,
 }
 
 /// Scheduler state: queues and the block pool.
@@ -45,10 +49,17 @@ pub struct Scheduler {
     /// Finished requests' blocks kept for another replica to fetch, by request id, with when
     /// they are freed at the latest.
     held: HashMap<u64, (Vec<BlockId>, Instant)>,
+    /// The second tier evicted blocks go to, where there is one.
+    tier: Option<HostTier>,
 }
 
 impl Scheduler {
     pub fn new(cfg: SchedulerConfig, pool: BlockPool) -> Scheduler {
+        let mut pool = pool;
+        let tier = (cfg.kv_tier_blocks > 0 && cfg.enable_prefix_caching).then(|| {
+            pool.keep_evictions();
+            HostTier::new(cfg.kv_tier_blocks)
+        });
         Scheduler {
             cfg,
             pool,
@@ -56,6 +67,7 @@ impl Scheduler {
             running: Vec::new(),
             stats: StepStats::default(),
             held: HashMap::new(),
+            tier,
         }
     }
 
@@ -145,7 +157,7 @@ impl Scheduler {
 
     /// Schedules, executes and updates one step. Returns nothing when nothing could run.
     pub fn step(&mut self, exec: &mut dyn Executor) -> Vec<SeqOutput> {
-        let scheduled = self.schedule();
+        let scheduled = self.schedule(exec);
         if scheduled == 0 {
             return Vec::new();
         }
@@ -174,7 +186,7 @@ impl Scheduler {
     }
 
     /// Assigns this step's tokens; returns how many were scheduled.
-    fn schedule(&mut self) -> usize {
+    fn schedule(&mut self, exec: &mut dyn Executor) -> usize {
         let bs = self.pool.block_size();
         let mut budget = self.cfg.max_num_batched_tokens;
         let mut preempted = false;
@@ -195,7 +207,7 @@ impl Scheduler {
             let missing = want_blocks.saturating_sub(self.running[i].block_table.len());
             let mut granted = true;
             loop {
-                if let Some(blocks) = self.pool.allocate(missing) {
+                if let Some(blocks) = self.allocate(exec, missing) {
                     self.running[i].block_table.extend(blocks);
                     break;
                 }
@@ -233,8 +245,13 @@ impl Scheduler {
             } else {
                 Vec::new()
             };
-            let computed = hits.len() * bs;
-            let n = (seq.tokens.len() - computed).min(budget);
+            // Past what the pool holds, what the second tier holds is loaded, not computed.
+            let tiered = match hits.len() < max_hit_blocks {
+                true => tier::run(self.tier.as_ref(), &seq.hashes[hits.len()..max_hit_blocks]),
+                false => 0,
+            };
+            let mut computed = (hits.len() + tiered) * bs;
+            let mut n = (seq.tokens.len() - computed).min(budget);
             let fresh = (computed + n).div_ceil(bs) - hits.len();
             if fresh + self.pool.count_free(&hits) > self.pool.num_free() {
                 break;
@@ -243,12 +260,26 @@ impl Scheduler {
                 break;
             };
             self.pool.touch(&hits);
-            let Some(new_blocks) = self.pool.allocate(fresh) else {
+            let Some(new_blocks) = self.allocate(exec, fresh) else {
                 // Unreachable after the check above; undo and stop admitting.
                 self.pool.free(&hits);
                 self.waiting.push_front(seq);
                 break;
             };
+            if tiered > 0 {
+                let (from, to) = (hits.len(), hits.len() + tiered);
+                let parent = from.checked_sub(1).map(|p| seq.hashes[p]);
+                let tokens = &seq.tokens[from * bs..to * bs];
+                let loaded = self.load_tier(exec, &seq.hashes[from..to], parent, &new_blocks, tokens);
+                self.stats.tier_hit_tokens += (loaded * bs) as u64;
+                if loaded < tiered {
+                    // A block failed its check: the rest is computed, within the blocks taken.
+                    computed = (from + loaded) * bs;
+                    let room = (from + new_blocks.len()) * bs - computed;
+                    n = (seq.tokens.len() - computed).min(budget).min(room);
+                }
+                seq.num_cached_blocks = from + loaded;
+            }
             self.stats.prefix_queries += seq.tokens.len() as u64;
             self.stats.prefix_hits += computed as u64;
             if seq.cached_tokens.is_none() {
@@ -256,7 +287,9 @@ impl Scheduler {
                 seq.first_scheduled = Some(Instant::now());
                 self.stats.prompt_tokens += seq.num_prompt as u64;
             }
-            seq.num_cached_blocks = hits.len();
+            if tiered == 0 {
+                seq.num_cached_blocks = hits.len();
+            }
             seq.block_table = hits;
             seq.block_table.extend(new_blocks);
             seq.num_computed = computed;

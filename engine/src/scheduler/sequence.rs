@@ -163,4 +163,6 @@ pub struct StepStats {
     pub spec_accepted_tokens: u64,
     /// Accepted proposals by position within their proposal.
     pub spec_accepted_per_pos: Vec<u64>,
+    /// Prompt tokens loaded from the second KV tier (counted in `prefix_hits` too).
+    pub tier_hit_tokens: u64,
 }

@@ -39,6 +39,7 @@ fn sched(blocks: usize, budget: usize, seqs: usize) -> Scheduler {
             max_model_len: 4096,
             enable_prefix_caching: true,
             spec: None,
+            kv_tier_blocks: 0,
         },
         BlockPool::new(blocks, 4, false),
     )
@@ -278,4 +279,66 @@ fn proposals_respect_max_tokens_and_never_take_blocks_others_need() {
         s.step(&mut ex);
     }
     assert_eq!(s.take_stats().preemptions, 0);
+}
+
+/// A scheduler of `blocks` 4-token blocks with a host tier of `tier` blocks.
+fn tiered(blocks: usize, tier: usize) -> Scheduler {
+    let cfg = SchedulerConfig {
+        max_num_batched_tokens: 64,
+        max_num_seqs: 4,
+        max_model_len: 4096,
+        enable_prefix_caching: true,
+        spec: None,
+        kv_tier_blocks: tier,
+    };
+    Scheduler::new(cfg, BlockPool::new(blocks, 4, false))
+}
+
+fn instant_sim() -> crate::executor::sim::SimExecutor {
+    let zero = std::time::Duration::ZERO;
+    let t = crate::executor::sim::SimTiming {
+        prefill_overhead: zero,
+        prefill_per_token: zero,
+        inter_token_latency: zero,
+        load_factor: 0.0,
+        jitter: 0.0,
+        max_num_seqs: 4,
+    };
+    crate::executor::sim::SimExecutor::new(t, 100, 1, 8, 4)
+}
+
+fn run(s: &mut Scheduler, ex: &mut dyn Executor, id: u64, p: Vec<u32>) -> usize {
+    s.add(Sequence::new(id, p, params(1), None));
+    let mut cached = 0;
+    while !s.is_idle() {
+        for o in s.step(ex) {
+            cached = o.cached_tokens;
+        }
+    }
+    cached
+}
+
+#[test]
+fn a_tier_block_that_fails_its_check_is_computed_not_loaded() {
+    // 8 blocks of cache: three 13-token prompts (4 blocks each) push the first out into the tier.
+    let mut s = tiered(8, 16);
+    let mut ex = instant_sim();
+    let a = prompt(13, 0);
+    run(&mut s, &mut ex, 1, a.clone());
+    run(&mut s, &mut ex, 2, prompt(13, 100));
+    run(&mut s, &mut ex, 3, prompt(13, 200));
+    let hashes = warmpath_wire::prefix::block_hashes(&a, 4, None);
+    let tier = s.tier.as_mut().expect("a tier");
+    assert!(hashes[..3].iter().all(|&h| tier.contains(h)), "evicted into the tier");
+    tier.damage(hashes[1]);
+    assert_eq!(run(&mut s, &mut ex, 4, a.clone()), 4, "the first block loads; the damaged one is computed");
+    let (_, st) = s.tier_state().expect("a tier");
+    assert_eq!((st.loaded, st.corrupt), (1, 1));
+    // What the pool holds for the prompt now is what was computed: its tokens (sim K/V).
+    let b = s.pool().find_cached_prefix(&hashes, 3);
+    assert_eq!(b.len(), 3);
+    let mut data = Vec::new();
+    ex.read_block(b[1], &mut data);
+    let tokens: Vec<u8> = a[4..8].iter().flat_map(|t| t.to_le_bytes()).collect();
+    assert_eq!(data, tokens);
 }
