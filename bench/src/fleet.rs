@@ -39,6 +39,19 @@ pub struct EngineOpts {
     /// Token budget of one scheduler step (chunked prefill).
     #[arg(long, default_value_t = 2048)]
     pub max_num_batched_tokens: usize,
+    /// A host-memory KV tier on every engine of this many times its KV blocks (0: none).
+    #[arg(long, default_value_t = 0.0)]
+    pub kv_tier_factor: f64,
+    /// sim: time to load a block from the tier, µs (80: a 2 MiB block over PCIe at 25 GB/s).
+    #[arg(long, default_value_t = 80.0)]
+    pub kv_load_us_per_block: f64,
+}
+
+impl EngineOpts {
+    /// Tier blocks per engine of `kv_blocks`.
+    pub fn tier_blocks(&self, kv_blocks: usize) -> usize {
+        (kv_blocks as f64 * self.kv_tier_factor.max(0.0)).round() as usize
+    }
 }
 
 pub struct Fleet {
@@ -93,6 +106,13 @@ impl Fleet {
                 .args(["--weight-seed", "0"])
                 .args(["--kv-events-endpoint", &kv])
                 .args(extra(i));
+            let tier = o.tier_blocks(kv_blocks);
+            if tier > 0 {
+                cmd.args(["--kv-tier-blocks", &tier.to_string()]);
+                if o.executor == "sim" {
+                    cmd.args(["--sim-kv-load-us-per-block", &o.kv_load_us_per_block.to_string()]);
+                }
+            }
             engines.push(targets::spawn(&format!("engine-{i}"), &mut cmd, addr)?);
             kv_events.push(kv);
         }

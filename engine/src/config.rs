@@ -126,6 +126,10 @@ pub struct EngineArgs {
     /// sim: relative jitter bound of step times (0.1 = ±10 %).
     #[arg(long, default_value_t = 0.1)]
     pub sim_jitter: f64,
+    /// sim: time to load one K/V block into the cache from the host tier or another replica,
+    /// in microseconds, spent in the step that loads it (80: a 2 MiB block over PCIe).
+    #[arg(long, default_value_t = 0.0)]
+    pub sim_kv_load_us_per_block: f64,
 
     #[command(flatten)]
     pub faults: FaultConfig,
@@ -163,6 +167,7 @@ impl EngineArgs {
             load_factor: self.sim_load_factor.max(0.0),
             jitter: self.sim_jitter.clamp(0.0, 0.9),
             max_num_seqs: self.max_num_seqs,
+            block_load: Duration::from_secs_f64(self.sim_kv_load_us_per_block.max(0.0) / 1e6),
         }
     }
 

@@ -105,6 +105,9 @@ pub async fn launch(args: EngineArgs) -> anyhow::Result<EngineServer> {
         args.kv_blocks,
         info.prefix_caching,
     ));
+    if info.prefix_caching {
+        metrics.set_tier_capacity(args.kv_tier_blocks);
+    }
     let (sink, kv_events_endpoint, kv_events_replay_endpoint, publisher) = match &args.kv_events_endpoint {
         Some(ep) => {
             let replay = args.kv_events_replay_endpoint.as_deref().map(|r| (r, args.kv_events_buffer_steps));

@@ -52,6 +52,7 @@ pub struct Metrics {
     /// Prefill/decode K/V transfers ([`crate::kv_transfer`]).
     pub transfer: crate::kv_transfer::TransferMetrics,
     tier_blocks: Gauge,
+    tier_capacity: Gauge,
     tier_events: CounterVec,
     tier_hits: prometheus::Counter,
 }
@@ -137,6 +138,10 @@ impl Metrics {
         registry.register(Box::new(tier_events.clone()))?;
         Ok(Metrics {
             tier_blocks: gauge("warmpath_engine_kv_tier_blocks", "Blocks held in the host-memory KV tier")?,
+            tier_capacity: gauge(
+                "warmpath_engine_kv_tier_capacity_blocks",
+                "Blocks the host-memory KV tier holds at most (routers add them to the cache's capacity)",
+            )?,
             tier_hits: counter(
                 "warmpath_engine_kv_tier_hit_tokens_total",
                 "Prompt tokens loaded from the host-memory KV tier instead of computed (also counted in \
@@ -219,6 +224,11 @@ impl Metrics {
         self.waiting.set(waiting as f64);
         self.kv_usage.set(kv_usage);
         self.kv_usage_legacy.set(kv_usage);
+    }
+
+    /// The host-memory tier's capacity, in blocks of the cache's size.
+    pub fn set_tier_capacity(&self, blocks: usize) {
+        self.tier_capacity.set(blocks as f64);
     }
 
     /// The host-memory tier's size and what it did since the last call.

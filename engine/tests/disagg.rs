@@ -33,7 +33,6 @@ fn with_port(mut a: EngineArgs) -> EngineArgs {
     a
 }
 
-
 async fn metrics(addr: SocketAddr) -> String {
     get(addr, "/metrics").await.1
 }

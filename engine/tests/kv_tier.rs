@@ -26,7 +26,6 @@ async fn complete(e: &TestEngine, ids: &[u32]) -> Value {
     r
 }
 
-
 /// Sends `a`, then enough other prompts to push every block of `a` out of a 16-block cache,
 /// then `a` again; returns the two answers to `a`.
 async fn evict_and_return(e: &TestEngine) -> (Value, Value) {

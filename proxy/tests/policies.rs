@@ -210,6 +210,23 @@ fn cache_aware_follows_the_cache_and_spreads_new_prefixes() {
 }
 
 #[test]
+fn a_backends_host_kv_tier_counts_as_held_capacity() {
+    // Blocks the engine evicts into its host tier are loaded, not computed: the index keeps
+    // them as held, up to the cache and the tier together.
+    let e = Engine::sim("m", &["--kv-blocks", "256", "--kv-tier-blocks", "768"]);
+    let proxy = Proxy::start(&policy(
+        "",
+        "policy = \"cache_aware\"\n[pools.canon]\ntokenizer = \"wp32k\"",
+        &["m"],
+        &[("e0", e.url())],
+    ));
+    assert!(eventually(Duration::from_secs(5), || {
+        metric(&proxy.metrics(), "warmpath_prefix_index_capacity_blocks{backend=\"e0\",pool=\"main\"}")
+            == Some(1024.0)
+    }));
+}
+
+#[test]
 fn cache_aware_without_a_tokenizer_learns_the_bytes_per_token() {
     // Without the backends' tokenizer prompts are cut into byte chunks; the engines' KV capacity
     // (in tokens) becomes one in chunks through the bytes per token warmpath learns from their

@@ -36,15 +36,23 @@ fn ratio(hit: f64, reference: f64, spec: &str) -> String {
 impl Context<'_> {
     fn setup(&self) -> String {
         let a = self.a;
+        let tier = a.engine.tier_blocks(self.kv_blocks);
         let engines = format!(
             "the same {} `warmpath-engine --executor {}` replicas of {} KV blocks × {BLOCK_SIZE} tokens each \
-             ({:.2}× the working set of {} blocks together), prefill {} µs/token, {} ms per decode step, \
+             ({:.2}× the working set of {} blocks together){}, prefill {} µs/token, {} ms per decode step, \
              {} sequences at most",
             self.backends,
             a.engine.executor,
             self.kv_blocks,
             (self.kv_blocks * self.backends) as f64 / self.ws.max(1) as f64,
             self.ws,
+            match tier {
+                0 => String::new(),
+                t => format!(
+                    ", each with a host-memory KV tier of {t} blocks (evicted blocks kept there and loaded at {} µs a block)",
+                    a.engine.kv_load_us_per_block
+                ),
+            },
             a.engine.prefill_us_per_token,
             a.engine.itl_ms,
             a.engine.max_num_seqs,

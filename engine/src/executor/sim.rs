@@ -28,6 +28,9 @@ pub struct SimTiming {
     /// Relative jitter bound (0.1 = ±10 %).
     pub jitter: f64,
     pub max_num_seqs: usize,
+    /// Time to load one block's K/V into the cache (from a host tier or another replica):
+    /// what a PCIe or network copy of a real model's block would take.
+    pub block_load: Duration,
 }
 
 /// The `sim` executor.
@@ -142,6 +145,9 @@ impl Executor for SimExecutor {
     }
 
     fn write_block(&mut self, b: BlockId, data: &[u8]) -> bool {
+        if !self.timing.block_load.is_zero() {
+            std::thread::sleep(self.timing.block_load);
+        }
         let at = b as usize * self.block_size;
         let Some(slots) = self.slots.get_mut(at..at + self.block_size) else { return false };
         if data.len() != slots.len() * 4 {
@@ -166,6 +172,7 @@ mod tests {
             load_factor: 1.0,
             jitter: 0.0,
             max_num_seqs: 10,
+            block_load: Duration::ZERO,
         }
     }
 

@@ -303,6 +303,7 @@ fn instant_sim() -> crate::executor::sim::SimExecutor {
         load_factor: 0.0,
         jitter: 0.0,
         max_num_seqs: 4,
+        block_load: zero,
     };
     crate::executor::sim::SimExecutor::new(t, 100, 1, 8, 4)
 }

@@ -30,6 +30,9 @@ pub struct Scraped {
     pub kv_usage: Option<f64>,
     /// `num_gpu_blocks` and `block_size` of `vllm:cache_config_info`.
     pub kv_blocks: Option<u64>,
+    /// The bundled engine's host-memory KV tier (`warmpath_engine_kv_tier_capacity_blocks`):
+    /// blocks it evicts stay loadable there, so they count as held.
+    pub tier_blocks: Option<u64>,
     pub kv_block_size: Option<u64>,
     /// `vllm:prompt_tokens_total`: prompt tokens of every request it took.
     pub prompt_tokens: Option<f64>,
@@ -48,7 +51,7 @@ pub struct Scraped {
 /// | running | `vllm:num_requests_running` | `sglang:num_running_reqs` | `llamacpp:requests_processing` | `tgi_batch_current_size` |
 /// | waiting | `vllm:num_requests_waiting` | `sglang:num_queue_reqs` | `llamacpp:requests_deferred` | `tgi_queue_size` |
 /// | KV usage | `vllm:kv_cache_usage_perc` (`gpu_cache_usage_perc`) | `sglang:token_usage` | `llamacpp:kv_cache_usage_ratio` | — |
-/// | KV capacity | `vllm:cache_config_info` labels | `sglang:max_total_num_tokens` | — | — |
+/// | KV capacity | `vllm:cache_config_info` labels (+ `warmpath_engine_kv_tier_capacity_blocks`) | `sglang:max_total_num_tokens` | — | — |
 /// | prompt tokens | `vllm:prompt_tokens_total` | `sglang:prompt_tokens_total` | `llamacpp:prompt_tokens_total` | `tgi_request_input_length_sum` |
 /// | prefix cache hits | `vllm:prefix_cache_hits_total` / `_queries_total` | `sglang:cached_tokens_total` / prompt tokens | `llamacpp:prompt_tokens_cached_total` / that + prompt tokens | — |
 pub fn parse(text: &str) -> Scraped {
@@ -85,6 +88,7 @@ pub fn parse(text: &str) -> Scraped {
                 s.kv_blocks = m.label("num_gpu_blocks").and_then(|x| x.parse().ok()).or(s.kv_blocks);
                 s.kv_block_size = m.label("block_size").and_then(|x| x.parse().ok()).or(s.kv_block_size);
             }
+            "warmpath_engine_kv_tier_capacity_blocks" => s.tier_blocks = Some(v.max(0.0) as u64),
             // Its KV capacity in tokens: blocks of one.
             "sglang:max_total_num_tokens" => {
                 s.kv_blocks = Some(s.kv_blocks.unwrap_or(0) + v.max(0.0) as u64);
@@ -192,7 +196,8 @@ impl LoadScraper {
                 learnt.observe(i, b.prompt_units(), t);
             }
             if let (Some(blocks), Some(size)) = (s.kv_blocks, s.kv_block_size) {
-                kv.push((i, blocks * size));
+                // A block evicted into a host tier loads in a fraction of its prefill: held.
+                kv.push((i, (blocks + s.tier_blocks.unwrap_or(0)) * size));
             }
         }
         learnt.decay();
@@ -279,6 +284,7 @@ mod tests {
             vllm:prefix_cache_queries_total{engine=\"1\"} 60\n\
             vllm:prefix_cache_hits_total{engine=\"0\"} 40\n\
             vllm:cache_config_info{block_size=\"16\",cache_dtype=\"auto\",num_gpu_blocks=\"2048\"} 1.0\n\
+            warmpath_engine_kv_tier_capacity_blocks{engine=\"0\"} 8192\n\
             vllm:num_requests_running_other 100\n";
         let s = parse(text);
         assert_eq!(
@@ -289,6 +295,7 @@ mod tests {
                 kv_usage: Some(0.25),
                 kv_blocks: Some(2048),
                 kv_block_size: Some(16),
+                tier_blocks: Some(8192),
                 prompt_tokens: None,
                 prefix_hits: Some(40.0),
                 prefix_queries: Some(160.0),
