@@ -141,3 +141,54 @@ async fn the_replay_socket_gives_back_the_recent_batches() {
     assert_eq!(tail.iter().map(|b| b.0).collect::<Vec<_>>(), [seqs[3]], "from a sequence number on");
     assert!(replay(&endpoint, seqs[3] + 1).await.is_empty());
 }
+
+#[tokio::test]
+async fn blocks_a_decode_replica_loads_are_announced_as_stored() {
+    // A router following the decode replica's events learns that it holds the prompt it fetched,
+    // with the hashes it computes itself from the token ids.
+    let mut pa = warmpath_engine::config::EngineArgs::for_tests("micro");
+    pa.kv_transfer_port = Some(0);
+    let p = start(pa).await;
+    let mut da = warmpath_engine::config::EngineArgs::for_tests("micro");
+    da.kv_events_endpoint = Some("tcp://127.0.0.1:0".into());
+    let d = start(da).await;
+    let mut sub = zeromq::SubSocket::new();
+    sub.connect(&d.kv_events.clone().expect("bound endpoint")).await.expect("connect");
+    sub.subscribe("").await.expect("subscribe");
+    // Until the subscription has reached the publisher (a warm-up prompt's events come back).
+    let warm: Vec<u32> = (5000..5040).collect();
+    let mut live = false;
+    for _ in 0..50 {
+        let body = json!({"model": "micro", "prompt": warm, "max_tokens": 1});
+        assert_eq!(post_json(d.addr, "/v1/completions", body).await.0, 200);
+        if next_events(&mut sub, Duration::from_millis(200)).await.is_some() {
+            live = true;
+            break;
+        }
+    }
+    assert!(live, "the subscription is live");
+    while next_events(&mut sub, Duration::from_millis(100)).await.is_some() {}
+
+    let prompt: Vec<u32> = (700..800).collect();
+    let body = json!({"model": "micro", "prompt": prompt, "max_tokens": 1, "stream": false,
+                      "kv_transfer_params": {"do_remote_decode": true}});
+    let (s, r) = post_json(p.addr, "/v1/completions", body).await;
+    assert_eq!(s, 200, "{r}");
+    let body = json!({"model": "micro", "prompt": prompt, "max_tokens": 2,
+                      "kv_transfer_params": r["kv_transfer_params"]});
+    let (s, r) = post_json(d.addr, "/v1/completions", body).await;
+    assert_eq!(s, 200, "{r}");
+    assert_eq!(r["usage"]["prompt_tokens_details"]["cached_tokens"], 96, "loaded, not computed");
+    let want = block_hashes(&prompt, 16, None);
+    let mut stored = Vec::new();
+    while let Some((_, events)) = next_events(&mut sub, Duration::from_millis(500)).await {
+        for ev in events {
+            if let KvEvent::BlockStored { block_hashes, token_ids, .. } = ev {
+                stored.push((block_hashes, token_ids));
+            }
+        }
+    }
+    let (hashes, tokens) = stored.first().expect("a BlockStored for the loaded blocks").clone();
+    assert_eq!(hashes, want[..6].to_vec());
+    assert_eq!(tokens, prompt[..96].to_vec());
+}
