@@ -100,7 +100,8 @@ pub struct EngineArgs {
     pub kv_tier_blocks: usize,
     /// Serve this replica's K/V to decode replicas on this port (0 picks one): requests with
     /// `kv_transfer_params.do_remote_decode` hold their blocks for them (prefill/decode
-    /// disaggregation). Without it such requests are refused; any replica can decode.
+    /// disaggregation). Without it such requests are refused; any replica can decode. The port
+    /// has no authentication: it binds `--host`, which only the replicas should reach.
     #[arg(long)]
     pub kv_transfer_port: Option<u16>,
     /// How long a prefilled request's blocks wait to be fetched before they are freed.

@@ -15,12 +15,13 @@
 use std::time::Instant;
 
 use bytes::Bytes;
-use serde_json::{json, Map, Value};
 
 use super::attempt::{self, Failure, Reached, Retries};
 use super::downstream::Downstream;
 use super::Outgoing;
 use crate::observe::trace::Kind;
+use crate::request::json::string;
+use crate::request::scan::object_fields;
 use crate::request::LlmRoute;
 use crate::route::RouteKey;
 use crate::state::RequestCtx;
@@ -50,10 +51,12 @@ pub(super) async fn prefill(
     if prompt_tokens(out, key) < out.pool.disagg.min_prompt_tokens {
         return Ok(Prefilled::Whole);
     }
-    let Some(request) = handed_over(&out.body) else { return Ok(Prefilled::Whole) };
+    if !handed_over(&out.body) {
+        return Ok(Prefilled::Whole);
+    }
     let (state, m) = (out.state, &out.state.metrics);
     let started = Instant::now();
-    let body = Bytes::from(prefill_body(&request));
+    let body = prefill_body(&out.body);
     let mut retries = Retries::new(state, pool);
     let outcome = loop {
         let sel = match retries.next(key, out.priority).await {
@@ -101,9 +104,7 @@ pub(super) async fn prefill(
     }
     let Ok((params, backend)) = outcome else { return Ok(Prefilled::Whole) };
     m.prefill_duration.with_label_values(&[&out.pool.name]).observe(started.elapsed().as_secs_f64());
-    let mut decode = request;
-    decode.insert("kv_transfer_params".into(), params);
-    let body = Bytes::from(serde_json::to_vec(&decode).unwrap_or_default());
+    let body = rewrite(&out.body, &[("kv_transfer_params", &params)], &[]);
     Ok(Prefilled::Decode { body, backend })
 }
 
@@ -118,64 +119,113 @@ fn prompt_tokens(out: &Outgoing<'_>, key: &RouteKey) -> usize {
     }
 }
 
-/// The request as a JSON object, where it can be handed over: one choice, and no
+/// Whether the request can be handed over: a JSON object asking for one choice, without
 /// `kv_transfer_params` of the client's own (it runs its own disaggregation).
-fn handed_over(body: &[u8]) -> Option<Map<String, Value>> {
-    let Ok(Value::Object(o)) = serde_json::from_slice(body) else { return None };
-    let one = o.get("n").and_then(Value::as_u64).is_none_or(|n| n == 1);
-    (one && !o.contains_key("kv_transfer_params")).then_some(o)
+fn handed_over(body: &[u8]) -> bool {
+    let Ok(text) = std::str::from_utf8(body) else { return false };
+    let Ok(fields) = object_fields(text) else { return false };
+    let one = fields.iter().filter(|(k, _)| k == "n").all(|(_, v)| v.trim() == "1" || v.trim() == "null");
+    one && !fields.iter().any(|(k, _)| k == "kv_transfer_params")
 }
 
-/// vLLM's prefill request: the same prompt, one token, answered whole, asking the backend to
-/// keep the K/V for a remote decode.
-fn prefill_body(request: &Map<String, Value>) -> Vec<u8> {
-    let mut p = request.clone();
-    p.insert("stream".into(), Value::Bool(false));
-    p.remove("stream_options");
-    p.insert("max_tokens".into(), json!(1));
-    if p.contains_key("max_completion_tokens") {
-        p.insert("max_completion_tokens".into(), json!(1));
+/// `body` (an object [`handed_over`] accepted) with the top-level fields of `set` in place of
+/// its own (added at the end where it has none) and those of `drop` left out; every other value
+/// keeps its bytes — a re-serialized body would reorder the keys of tool schemas, and with
+/// them the prompt the backend renders.
+fn rewrite(body: &[u8], set: &[(&str, &str)], drop: &[&str]) -> Bytes {
+    let text = std::str::from_utf8(body).unwrap_or("{}");
+    let fields = object_fields(text).unwrap_or_default();
+    let mut out = String::with_capacity(body.len() + 256);
+    out.push('{');
+    let mut put = |k: &str, v: &str| {
+        if out.len() > 1 {
+            out.push(',');
+        }
+        out.push_str(&string(k));
+        out.push(':');
+        out.push_str(v);
+    };
+    for (k, v) in &fields {
+        if drop.contains(&k.as_ref()) {
+            continue;
+        }
+        match set.iter().find(|(s, _)| s == k) {
+            Some((_, new)) => put(k, new),
+            None => put(k, v),
+        }
     }
-    p.insert(
-        "kv_transfer_params".into(),
-        json!({"do_remote_decode": true, "do_remote_prefill": false, "remote_engine_id": null,
-               "remote_block_ids": null, "remote_host": null, "remote_port": null}),
-    );
-    serde_json::to_vec(&p).unwrap_or_default()
+    for (k, v) in set {
+        if !fields.iter().any(|(f, _)| f == k) {
+            put(k, v);
+        }
+    }
+    out.push('}');
+    Bytes::from(out)
 }
 
-/// The `kv_transfer_params` of a prefill's answer, where it has them.
-fn params_of(answer: &[u8]) -> Option<Value> {
-    let Ok(Value::Object(mut o)) = serde_json::from_slice(answer) else { return None };
-    o.remove("kv_transfer_params").filter(Value::is_object)
+/// The fields of vLLM's prefill request in place of the client's: the same prompt, one token,
+/// answered whole, asking the backend to keep the K/V for a remote decode.
+const PREFILL_PARAMS: &str = r#"{"do_remote_decode":true,"do_remote_prefill":false,"remote_engine_id":null,"remote_block_ids":null,"remote_host":null,"remote_port":null}"#;
+
+fn prefill_body(body: &[u8]) -> Bytes {
+    let set = [("stream", "false"), ("max_tokens", "1"), ("kv_transfer_params", PREFILL_PARAMS)];
+    let text = std::str::from_utf8(body).unwrap_or("{}");
+    let completion = object_fields(text).is_ok_and(|f| f.iter().any(|(k, _)| k == "max_completion_tokens"));
+    let mut set = set.to_vec();
+    if completion {
+        set.push(("max_completion_tokens", "1"));
+    }
+    rewrite(body, &set, &["stream_options"])
+}
+
+/// The text of the `kv_transfer_params` object of a prefill's answer, where it has one.
+fn params_of(answer: &[u8]) -> Option<String> {
+    let text = std::str::from_utf8(answer).ok()?;
+    let fields = object_fields(text).ok()?;
+    let (_, v) = fields.into_iter().find(|(k, _)| k == "kv_transfer_params")?;
+    v.trim_start().starts_with('{').then(|| v.to_owned())
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use serde_json::{json, Value};
+
+    const REQ: &[u8] = br#"{"model":"m","tools":[{"type":"function","function":{"name":"f","parameters":{"type":"object","properties":{"z":{},"a":{}}}}}],"messages":[],"stream":true,"stream_options":{"include_usage":true},"max_tokens":50,"max_completion_tokens":50}"#;
 
     #[test]
     fn the_prefill_asks_for_one_token_whole_and_a_remote_decode() {
-        let req = handed_over(
-            br#"{"model":"m","messages":[],"stream":true,"stream_options":{"include_usage":true},
-            "max_tokens":50,"max_completion_tokens":50}"#,
-        )
-        .expect("an object");
-        let p: Value = serde_json::from_slice(&prefill_body(&req)).expect("json");
+        assert!(handed_over(REQ));
+        let p: Value = serde_json::from_slice(&prefill_body(REQ)).expect("json");
         assert_eq!(p["stream"], false);
         assert_eq!(p["max_tokens"], 1);
         assert_eq!(p["max_completion_tokens"], 1);
         assert!(p.get("stream_options").is_none());
         assert_eq!(p["kv_transfer_params"]["do_remote_decode"], true);
-        assert_eq!(req["max_tokens"], 50, "the decode keeps the client's");
+    }
+
+    #[test]
+    fn every_other_byte_is_kept_in_both_halves() {
+        // The tool schema's keys stay in their order ("z" before "a"): the prompt the backend
+        // renders from them is the client's.
+        let schema = r#"{"type":"function","function":{"name":"f","parameters":{"type":"object","properties":{"z":{},"a":{}}}}}"#;
+        let p = prefill_body(REQ);
+        assert!(std::str::from_utf8(&p).expect("utf8").contains(schema));
+        let d = rewrite(REQ, &[("kv_transfer_params", r#"{"remote_port":1}"#)], &[]);
+        let text = std::str::from_utf8(&d).expect("utf8");
+        assert!(text.starts_with(std::str::from_utf8(&REQ[..REQ.len() - 1]).expect("utf8")), "{text}");
+        assert!(text.ends_with(r#","kv_transfer_params":{"remote_port":1}}"#), "{text}");
     }
 
     #[test]
     fn some_requests_are_not_handed_over() {
-        assert!(handed_over(br#"{"model":"m","n":2}"#).is_none(), "several choices");
-        assert!(handed_over(br#"{"model":"m","kv_transfer_params":{}}"#).is_none(), "the client's own P/D");
-        assert!(handed_over(b"[1]").is_none());
+        assert!(!handed_over(br#"{"model":"m","n":2}"#), "several choices");
+        assert!(handed_over(br#"{"model":"m","n":1}"#));
+        assert!(!handed_over(br#"{"model":"m","kv_transfer_params":{}}"#), "the client's own P/D");
+        assert!(!handed_over(b"[1]"));
         assert!(params_of(br#"{"choices":[]}"#).is_none(), "a backend that is not a P/D prefill server");
-        assert_eq!(params_of(br#"{"kv_transfer_params":{"remote_port":1}}"#), Some(json!({"remote_port":1})));
+        assert!(params_of(br#"{"kv_transfer_params":null}"#).is_none());
+        let p = params_of(br#"{"kv_transfer_params":{"remote_port":1}}"#).expect("params");
+        assert_eq!(serde_json::from_str::<Value>(&p).expect("json"), json!({"remote_port": 1}));
     }
 }
