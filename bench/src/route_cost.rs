@@ -89,6 +89,7 @@ fn pool(n: usize, capacity: usize, metrics: &Metrics) -> anyhow::Result<Pool> {
             kv_replay: None,
             api_key: None,
             role: b.role,
+            kv_transfer: None,
         })
         .collect();
     let units = PromptUnits { exact_tokens: true, per_token_guess: 1.0, per_block: 16 };

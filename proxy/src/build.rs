@@ -293,6 +293,7 @@ fn replica_spec(pool: &str, r: usize, rep: &Replica) -> BackendSpec {
         kv_replay: rep.kv_replay.clone(),
         api_key: None,
         role: if rep.prefill { BackendRole::Prefill } else { BackendRole::Both },
+        kv_transfer: rep.kv_transfer.map(|a| a.to_string()),
     }
 }
 

@@ -21,6 +21,8 @@ pub struct Replica {
     pub kv_replay: Option<String>,
     /// It only prefills (`prefill_replicas`), serving its K/V to the others.
     pub prefill: bool,
+    /// Where it serves its K/V to the others, where it does.
+    pub kv_transfer: Option<SocketAddr>,
 }
 
 pub struct Embedded {
@@ -48,7 +50,7 @@ fn engine_args(e: &EmbeddedConfig, served_name: Option<&str>, id: usize) -> Engi
         a.kv_events_endpoint = Some("tcp://127.0.0.1:0".to_owned());
         a.kv_events_replay_endpoint = Some("tcp://127.0.0.1:0".to_owned());
     }
-    if id < e.prefill_replicas {
+    if id < e.prefill_replicas || e.kv_transfer {
         a.kv_transfer_port = Some(0);
     }
     a
@@ -62,7 +64,7 @@ pub fn start(cfg: &Config) -> anyhow::Result<Embedded> {
         // Served under the pool's first model name, so requests for it route here.
         let name = pool.models.iter().find(|m| *m != "*").map(String::as_str);
         for r in 0..e.replicas {
-            wanted.push((pi, engine_args(e, name, r)));
+            wanted.push((pi, r < e.prefill_replicas, engine_args(e, name, r)));
         }
     }
     if wanted.is_empty() {
@@ -81,14 +83,15 @@ pub fn start(cfg: &Config) -> anyhow::Result<Embedded> {
         rt.block_on(async move {
             let mut servers = Vec::new();
             let mut addrs = Vec::new();
-            for (pi, args) in wanted {
+            for (pi, prefill, args) in wanted {
                 match warmpath_engine::launch(args).await {
                     Ok(s) => {
                         let replica = Replica {
                             addr: s.addr,
                             kv_events: s.kv_events_endpoint.clone(),
                             kv_replay: s.kv_events_replay_endpoint.clone(),
-                            prefill: s.kv_transfer_addr.is_some(),
+                            prefill,
+                            kv_transfer: s.kv_transfer_addr,
                         };
                         addrs.push((pi, replica));
                         servers.push(s);

@@ -190,3 +190,50 @@ fn short_prompts_are_prefilled_where_they_are_decoded() {
     assert!(long.header("x-warmpath-route").is_some_and(|h| h.contains("prefill=p")), "over 200 tokens");
     assert_eq!(series(&proxy.metrics(), "warmpath_prefills_total", ""), 1.0);
 }
+
+#[test]
+fn a_busy_holders_prefix_is_fetched_by_another_engine() {
+    // Two engines that serve their K/V to each other; a conversation's holder is busy with a
+    // long prefill, so its next turn goes to the other engine, which fetches the prefix.
+    let ports: [u16; 2] = free_ports();
+    let slow = ["--sim-prefill-us-per-token", "1000"];
+    let es: Vec<Engine> = ports
+        .iter()
+        .map(|p| Engine::sim("m", &[&["--kv-transfer-port", &p.to_string()], &slow[..]].concat()))
+        .collect();
+    let mut text = String::from(
+        "[[pools]]\nname = \"main\"\nmodels = [\"m\"]\npolicy = \"cache_aware\"\n[pools.canon]\ntokenizer = \"wp32k\"\n",
+    );
+    for (i, (e, p)) in es.iter().zip(ports).enumerate() {
+        text.push_str(&format!(
+            "[[pools.backends]]\nname = \"e{i}\"\nurl = {:?}\nkv_transfer = \"127.0.0.1:{p}\"\n",
+            e.url()
+        ));
+    }
+    let proxy = Proxy::start(&text);
+    let system = format!("You are the build agent. {}", "Keep every rule of the handbook. ".repeat(40));
+    let turn = |user: &str| {
+        json!({"model": "m", "max_tokens": 1, "messages": [
+            {"role": "system", "content": system}, {"role": "user", "content": user}]})
+    };
+    let first = post_json(proxy.addr, "/v1/chat/completions", &turn("hi"));
+    assert_eq!(first.status, 200, "{}", first.text());
+    let home = first.header("x-warmpath-backend").expect("backend").to_owned();
+    // A long new tail behind the same prefix keeps the holder prefilling for about 1.5 s.
+    let long: String = (0..700).map(|i| format!("item{i} ")).collect();
+    let addr = proxy.addr;
+    let long_turn = turn(&long);
+    let busy = std::thread::spawn(move || post_json(addr, "/v1/chat/completions", &long_turn));
+    std::thread::sleep(Duration::from_millis(300));
+    let next = post_json(proxy.addr, "/v1/chat/completions", &turn("and now?"));
+    assert_eq!(next.status, 200, "{}", next.text());
+    let route = next.header("x-warmpath-route").expect("route").to_owned();
+    assert!(route.contains("reason=fetch") && route.contains(&format!("fetch_from={home}")), "{route}");
+    assert_ne!(next.header("x-warmpath-backend"), Some(home.as_str()));
+    let cached = next.json()["usage"]["prompt_tokens_details"]["cached_tokens"].as_u64().unwrap_or(0);
+    assert!(cached >= 256, "the prefix came from the holder: {}", next.text());
+    let other =
+        es.iter().find(|e| e.url() != es[home[1..].parse::<usize>().expect("index")].url()).expect("other");
+    assert!(series(&other.metrics(), "warmpath_engine_kv_transfer_blocks_total", "\"received\"") >= 16.0);
+    assert_eq!(busy.join().expect("the long turn").status, 200);
+}

@@ -228,6 +228,13 @@ url = "http://127.0.0.1:8000"
         parse("p.toml", &embedded(1)).expect("one of two prefills");
         let e = err(&embedded(2));
         assert!(e.message.starts_with("pools[0].embedded.prefill_replicas: 2 of 2 replicas"), "{e}");
+        let transfer = |t: &str| MINIMAL.replace("8000\"", &format!("8000\"\nkv_transfer = {t:?}"));
+        parse("p.toml", &transfer("10.0.0.5:7100")).expect("HOST:PORT");
+        let e = err(&transfer("10.0.0.5"));
+        assert!(
+            e.message.starts_with("pools[0].backends[0].kv_transfer: \"10.0.0.5\" is not HOST:PORT"),
+            "{e}"
+        );
     }
 
     #[test]

@@ -178,6 +178,10 @@ pub struct CacheAwareConfig {
     /// Precise mode: a backend whose events have been silent this long while it served
     /// requests falls back to approximate tracking until they resume.
     pub event_timeout_ms: u64,
+    /// Weight of a prompt token fetched from another backend's cache (one with `kv_transfer`)
+    /// against a queued one: a busy holder's prefix is fetched by a less busy backend when that
+    /// costs less than waiting (0: never fetch).
+    pub fetch_weight: f64,
 }
 
 impl Default for CacheAwareConfig {
@@ -196,6 +200,7 @@ impl Default for CacheAwareConfig {
             session_ttl_s: 600,
             scrape_interval_ms: 1000,
             event_timeout_ms: 5000,
+            fetch_weight: 0.1,
         }
     }
 }
@@ -279,6 +284,11 @@ pub struct BackendConfig {
     /// vLLM's `kv_transfer_params`).
     #[serde(default)]
     pub role: BackendRole,
+    /// Where other replicas fetch this backend's cached K/V (`HOST:PORT`, the bundled engine's
+    /// `--kv-transfer-port`): `cache_aware` may send a prompt elsewhere with its prefix fetched
+    /// from here instead of recomputed (`fetch_weight`).
+    #[serde(default)]
+    pub kv_transfer: Option<String>,
 }
 
 /// `[pools.disagg]`: prefill/decode disaggregation in a pool with prefill backends.
@@ -330,6 +340,9 @@ pub struct EmbeddedConfig {
     /// Of the replicas, how many only prefill (role `prefill`, serving their K/V to the
     /// others, which decode): 0 for none (every replica serves whole requests).
     pub prefill_replicas: usize,
+    /// Every replica serves its cached K/V to the others (a transfer port each): `cache_aware`
+    /// may then send a prompt to a less busy replica that fetches its prefix.
+    pub kv_transfer: bool,
 }
 
 impl Default for EmbeddedConfig {
@@ -344,6 +357,7 @@ impl Default for EmbeddedConfig {
             kv_events: false,
             speculative: None,
             prefill_replicas: 0,
+            kv_transfer: false,
         }
     }
 }

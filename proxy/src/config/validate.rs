@@ -229,6 +229,14 @@ pub fn validate(cfg: &Config) -> Result<(), Invalid> {
                     .err(format!("backend {:?} is already defined by pools[{pi}].backends[{bi}]", b.name)));
             }
             positive(bp.key("weight"), b.weight.into())?;
+            if let Some(t) = &b.kv_transfer {
+                let port = t
+                    .rsplit_once(':')
+                    .and_then(|(h, p)| (!h.is_empty()).then(|| p.parse::<u16>().ok()).flatten());
+                if port.is_none() {
+                    return Err(bp.key("kv_transfer").err(format!("{t:?} is not HOST:PORT")));
+                }
+            }
             if b.expand && (b.kv_events.is_some() || b.kv_events_replay.is_some()) {
                 return Err(bp.key("expand").err(
                     "an expanded name's pods each publish their own KV events: expand cannot take kv_events",

@@ -108,6 +108,27 @@ pub(super) async fn prefill(
     Ok(Prefilled::Decode { body, backend })
 }
 
+/// The body for a backend that `cache_aware` chose to fetch the prompt's prefix from
+/// `source`'s cache (`kv_transfer`): the request with `kv_transfer_params` naming where, as a
+/// remote prefill's would. `None` where the request cannot carry them (then it goes as it is
+/// and the backend computes the prefix).
+pub(super) fn fetch_body(out: &Outgoing<'_>, body: &Bytes, source: &crate::route::Backend) -> Option<Bytes> {
+    let (host, port) = source.kv_transfer.as_deref()?.rsplit_once(':')?;
+    let port: u16 = port.parse().ok()?;
+    if !matches!(out.route, LlmRoute::Chat | LlmRoute::Completions)
+        || out.search.is_some()
+        || !handed_over(body)
+    {
+        return None;
+    }
+    let host = host.trim_start_matches('[').trim_end_matches(']');
+    let params = format!(
+        r#"{{"do_remote_prefill":true,"do_remote_decode":false,"remote_host":{},"remote_port":{port},"remote_request_id":"0","remote_block_ids":[]}}"#,
+        string(host)
+    );
+    Some(rewrite(body, &[("kv_transfer_params", &params)], &[]))
+}
+
 /// The prompt's tokens: counted where the pool counts them, else estimated from its units or,
 /// where the policy reads none, from the body (about four bytes a token).
 fn prompt_tokens(out: &Outgoing<'_>, key: &RouteKey) -> usize {

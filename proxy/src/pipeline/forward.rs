@@ -83,6 +83,17 @@ pub(super) async fn forward(
             route_hdr.push_str("; prefill=");
             route_hdr.push_str(p);
         }
+        // The chosen backend fetches the prompt's prefix from another's cache.
+        let fetched = match (sel.fetch_from, &prefilled_on) {
+            (Some(src), None) => pool.backends.get(src).and_then(|b| {
+                let body = super::disagg::fetch_body(out, body, b)?;
+                route_hdr.push_str("; fetch_from=");
+                route_hdr.push_str(&b.name);
+                Some(body)
+            }),
+            _ => None,
+        };
+        let body = fetched.as_ref().unwrap_or(body);
         // The detail is in the header now: the status page takes it.
         let detail = std::mem::take(&mut sel.detail);
         state.metrics.recent.push("route", &pool.name, &backend.name, sel.reason, detail);

@@ -39,6 +39,8 @@ pub struct Backend {
     pub peer: Peer,
     /// Where it publishes KV events (ZMQ), for `cache_aware` in precise mode.
     pub kv_events: Option<String>,
+    /// Where others fetch its cached K/V (`HOST:PORT`), where it serves it.
+    pub kv_transfer: Option<String>,
     /// Where it answers replays of recent KV event batches.
     pub kv_replay: Option<String>,
     inflight: AtomicUsize,
@@ -77,6 +79,7 @@ impl Backend {
             weight,
             peer,
             kv_events: None,
+            kv_transfer: None,
             kv_replay: None,
             inflight: AtomicUsize::new(0),
             pending_tokens: AtomicU64::new(0),

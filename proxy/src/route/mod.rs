@@ -79,6 +79,8 @@ pub struct BackendSpec {
     pub api_key: Option<String>,
     /// Its part in prefill/decode disaggregation.
     pub role: BackendRole,
+    /// Where others fetch its cached K/V (`HOST:PORT`).
+    pub kv_transfer: Option<String>,
 }
 
 impl BackendSpec {
@@ -94,6 +96,7 @@ impl BackendSpec {
             kv_replay: b.kv_events_replay.clone(),
             api_key: b.api_key_env.as_ref().and_then(|v| std::env::var(v).ok()),
             role: b.role,
+            kv_transfer: b.kv_transfer.clone(),
         };
         Ok(match b.expand {
             true => resolved.all(&b.url).iter().map(|a| spec(format!("{}@{}", b.name, a.ip()), *a)).collect(),
@@ -124,6 +127,8 @@ pub struct Selected {
     pub guard: InflightGuard,
     /// The prefill work this request adds to the backend, until its first byte.
     pub prefill: PrefillTicket,
+    /// The backend whose cached K/V the chosen one fetches the prompt's prefix from.
+    pub fetch_from: Option<usize>,
 }
 
 impl Selected {
@@ -201,7 +206,14 @@ impl Pool {
                     .inc();
                 self.policy.routed(key, &d);
                 let prefill = self.backends[d.index].prefill(d.prefill_tokens, key.tokens as u64);
-                return Ok(Selected { index: d.index, reason: d.reason, detail: d.detail, guard, prefill });
+                return Ok(Selected {
+                    index: d.index,
+                    reason: d.reason,
+                    detail: d.detail,
+                    guard,
+                    prefill,
+                    fetch_from: d.fetch_from,
+                });
             }
             view.full.push(d.index);
         }
@@ -266,6 +278,7 @@ impl policy::Candidates for View<'_> {
             state,
             pending_tokens: b.pending_tokens(),
             reported: b.reported_requests(),
+            fetchable: b.kv_transfer.is_some(),
         }
     }
 }
@@ -344,6 +357,7 @@ impl Pool {
             );
             b.kv_events = spec.kv_events.clone();
             b.kv_replay = spec.kv_replay.clone();
+            b.kv_transfer = spec.kv_transfer.clone();
             built.push(Arc::new(b));
         }
         let names: Vec<&str> = built.iter().map(|b| b.name.as_str()).collect();

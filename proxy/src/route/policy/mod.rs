@@ -39,6 +39,8 @@ pub struct Candidate {
     /// Requests running and waiting as the backend last reported them (its `/metrics`; 0 when
     /// unknown): traffic from other clients and warmpath replicas counts too.
     pub reported: u32,
+    /// It serves its cached K/V to the others (`kv_transfer`).
+    pub fetchable: bool,
 }
 
 impl Candidate {
@@ -104,6 +106,9 @@ pub struct Decision {
     /// `cache_aware`: the last block of the longest prefix any backend held, which
     /// [`Policy::routed`] counts as shared by one more request.
     pub held_block: Option<u64>,
+    /// `cache_aware`: the backend whose cached K/V the chosen one fetches the prompt's held
+    /// prefix from (it serves it, `kv_transfer`), where that cost less than the holder's queue.
+    pub fetch_from: Option<usize>,
 }
 
 impl Decision {
@@ -155,7 +160,17 @@ pub(crate) mod testing {
     use super::*;
 
     pub fn up(n: usize) -> Vec<Candidate> {
-        vec![Candidate { weight: 1, inflight: 0, state: State::Up, pending_tokens: 0, reported: 0 }; n]
+        vec![
+            Candidate {
+                weight: 1,
+                inflight: 0,
+                state: State::Up,
+                pending_tokens: 0,
+                reported: 0,
+                fetchable: false
+            };
+            n
+        ]
     }
 
     /// How many of `rounds` selections land on each backend.

@@ -27,6 +27,9 @@ pub(super) struct Estimate {
     pub cached: u64,
     pub inflight: usize,
     pub cost: f64,
+    /// Where the cost counts the prompt's prefix as fetched from another backend's cache: that
+    /// backend, and the tokens fetched.
+    pub fetch: Option<(usize, u64)>,
 }
 
 /// What one decision weighs.
@@ -104,14 +107,37 @@ impl CacheAware {
             (n > 0).then(|| sum / n as f64)
         };
         let mean_inflight = mean_of(true).or_else(|| mean_of(false)).unwrap_or(0.0);
+        // The deepest holder that serves its K/V to the others: a backend holding less may
+        // fetch the prefix from it (`fetch_weight` a token) instead of computing it.
+        let source = read
+            .iter()
+            .filter(|(_, c, d)| c.fetchable && *d > 0)
+            .max_by_key(|(i, _, d)| (*d, std::cmp::Reverse(*i)))
+            .map(|&(i, _, d)| (i, (u64::from(d) * per_block).min(tokens)))
+            .filter(|_| self.fetch_weight > 0.0);
         let est = read
             .into_iter()
             .map(|(i, c, depth)| {
                 let cached = (u64::from(depth) * per_block).min(tokens);
                 let running = (c.inflight as u64).max(u64::from(c.reported));
                 let queued = c.pending_tokens as f64 + decode_cost * running as f64;
-                let work = miss_weight * (tokens - cached) as f64 + queued;
-                Estimate { index: i, cached, inflight: c.inflight, cost: work / f64::from(c.weight.max(1)) }
+                let mut work = miss_weight * (tokens - cached) as f64 + queued;
+                let mut fetch = None;
+                if let Some((src, held)) = source.filter(|&(src, held)| src != i && held > cached) {
+                    let fetched = held - cached;
+                    let alt =
+                        miss_weight * (tokens - held) as f64 + self.fetch_weight * fetched as f64 + queued;
+                    if alt < work {
+                        (work, fetch) = (alt, Some((src, fetched)));
+                    }
+                }
+                Estimate {
+                    index: i,
+                    cached,
+                    inflight: c.inflight,
+                    cost: work / f64::from(c.weight.max(1)),
+                    fetch,
+                }
             })
             .collect();
         Estimates { est, held_block, shared, mean_inflight }

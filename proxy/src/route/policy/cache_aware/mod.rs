@@ -84,6 +84,7 @@ pub struct CacheAware {
     spread_blocks: usize,
     overload_factor: f64,
     balance_factor: f64,
+    fetch_weight: f64,
     /// Rotates the random part of each sample.
     draws: AtomicU64,
 }
@@ -110,6 +111,7 @@ impl CacheAware {
             spread_blocks: cfg.spread_blocks.max(1),
             overload_factor: cfg.overload_factor,
             balance_factor: cfg.balance_factor,
+            fetch_weight: cfg.fetch_weight.max(0.0),
             draws: AtomicU64::new(0),
         }
     }
@@ -184,8 +186,9 @@ impl Policy for CacheAware {
             index: e.index,
             reason,
             detail: detail(e),
-            prefill_tokens: key.tokens as u64 - e.cached,
+            prefill_tokens: key.tokens as u64 - e.cached - e.fetch.map_or(0, |(_, n)| n),
             held_block,
+            fetch_from: e.fetch.map(|(src, _)| src),
         };
 
         let mut moved = false;
@@ -238,15 +241,19 @@ impl Policy for CacheAware {
             .expect("the best is within the tie");
         let reason = match (moved, most_cached, chosen.cached) {
             (true, ..) => "affinity_moved",
+            _ if chosen.fetch.is_some() => "fetch",
             (false, 0, _) => "new_prefix",
             (false, m, c) if c == m => "cache",
             (false, _, 0) => "load_uncached",
             _ => "load_partial",
         };
         let mut d = decision(chosen, reason);
-        if let (Some((cost, bounded)), "load_uncached" | "load_partial") = (passed, reason) {
-            use std::fmt::Write as _;
+        use std::fmt::Write as _;
+        if let (Some((cost, bounded)), "load_uncached" | "load_partial" | "fetch") = (passed, reason) {
             let _ = write!(d.detail, "; holder_cost={cost:.0}; holder_over_bound={bounded}");
+        }
+        if let Some((_, n)) = chosen.fetch {
+            let _ = write!(d.detail, "; fetched={n}");
         }
         Some(d)
     }

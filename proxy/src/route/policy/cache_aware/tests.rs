@@ -368,3 +368,32 @@ fn new_prefixes_evict_what_the_fleet_used_least_recently() {
         assert_eq!((d.index, d.reason), (1, "new_prefix"), "{}", d.detail);
     }
 }
+
+#[test]
+fn a_busy_holders_prefix_is_fetched_by_an_idle_backend_where_it_serves_its_kv() {
+    // Backend 0 holds 40 blocks of the prompt's 42 and has 5,000 tokens of prefill queued.
+    let p = policy(2);
+    let conv = chain(7, 40);
+    p.index.insert(0, &conv);
+    let key = prompt(&conv, 8, 2);
+    let busy = |fetchable: bool| {
+        let mut c = up(2);
+        c[0].pending_tokens = 5_000;
+        c.iter_mut().for_each(|x| x.fetchable = fetchable);
+        c
+    };
+    // Without a transfer port the idle backend would compute 640 tokens: cheaper, not free.
+    let d = p.select_from(&key, &busy(false)).expect("a backend");
+    assert_eq!((d.index, d.reason, d.fetch_from), (1, "load_uncached", None));
+    assert_eq!(d.prefill_tokens, 672);
+    // With one, it fetches the 640 held tokens and computes only the 32 after them.
+    let d = p.select_from(&key, &busy(true)).expect("a backend");
+    assert_eq!((d.index, d.reason, d.fetch_from), (1, "fetch", Some(0)), "{}", d.detail);
+    assert_eq!(d.prefill_tokens, 32);
+    assert!(d.detail.contains("fetched=640"), "{}", d.detail);
+    // An idle holder keeps its prompt: fetching costs more than nothing.
+    let d = p
+        .select_from(&key, &up(2).iter().map(|c| Candidate { fetchable: true, ..*c }).collect::<Vec<_>>())
+        .expect("a backend");
+    assert_eq!((d.index, d.reason, d.fetch_from), (0, "cache", None));
+}
