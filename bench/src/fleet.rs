@@ -45,6 +45,13 @@ pub struct EngineOpts {
     /// sim: time to load a block from the tier, µs (80: a 2 MiB block over PCIe at 25 GB/s).
     #[arg(long, default_value_t = 80.0)]
     pub kv_load_us_per_block: f64,
+    /// Every engine serves its cached K/V to the others (a transfer port each, named to
+    /// warmpath as `kv_transfer`): `cache_aware` may have a busy holder's prefix fetched.
+    #[arg(long)]
+    pub kv_transfer: bool,
+    /// Time a decode engine spends per K/V block it fetches from another, µs.
+    #[arg(long, default_value_t = 80.0)]
+    pub transfer_us_per_block: f64,
 }
 
 impl EngineOpts {
@@ -58,6 +65,8 @@ pub struct Fleet {
     pub engines: Vec<Target>,
     /// Each engine's KV event endpoint (ZMQ), for routers that follow them.
     pub kv_events: Vec<String>,
+    /// Each engine's K/V transfer address, where `--kv-transfer` gave them one.
+    pub kv_transfer: Vec<String>,
 }
 
 pub const BLOCK_SIZE: usize = 16;
@@ -65,6 +74,20 @@ pub const BLOCK_SIZE: usize = 16;
 impl Fleet {
     pub fn addrs(&self) -> Vec<SocketAddr> {
         self.engines.iter().map(|e| e.addr).collect()
+    }
+
+    /// The lines of each engine's table in a warmpath policy: its KV event endpoint, and its
+    /// K/V transfer address where it has one.
+    pub fn backend_toml(&self) -> Vec<String> {
+        (0..self.engines.len())
+            .map(|i| {
+                let mut t = format!("kv_events = \"{}\"\n", self.kv_events[i]);
+                if let Some(k) = self.kv_transfer.get(i) {
+                    t.push_str(&format!("kv_transfer = \"{k}\"\n"));
+                }
+                t
+            })
+            .collect()
     }
 
     /// Starts `n` engines serving `model`, each with `kv_blocks` blocks and room for prompts of
@@ -91,6 +114,7 @@ impl Fleet {
         let bin = targets::sibling("warmpath-engine")?;
         let mut engines = Vec::new();
         let mut kv_events = Vec::new();
+        let mut kv_transfer = Vec::new();
         for i in 0..n {
             let addr = targets::free_addr()?;
             let kv = format!("tcp://{}", targets::free_addr()?);
@@ -106,6 +130,12 @@ impl Fleet {
                 .args(["--weight-seed", "0"])
                 .args(["--kv-events-endpoint", &kv])
                 .args(extra(i));
+            if o.kv_transfer {
+                let t = targets::free_addr()?;
+                cmd.args(["--kv-transfer-port", &t.port().to_string()]);
+                cmd.args(["--kv-transfer-delay-us-per-block", &o.transfer_us_per_block.to_string()]);
+                kv_transfer.push(t.to_string());
+            }
             let tier = o.tier_blocks(kv_blocks);
             if tier > 0 {
                 cmd.args(["--kv-tier-blocks", &tier.to_string()]);
@@ -116,7 +146,7 @@ impl Fleet {
             engines.push(targets::spawn(&format!("engine-{i}"), &mut cmd, addr)?);
             kv_events.push(kv);
         }
-        let fleet = Fleet { engines, kv_events };
+        let fleet = Fleet { engines, kv_events, kv_transfer };
         let deadline = Instant::now() + Duration::from_secs(60);
         for e in &fleet.engines {
             while !matches!(get(e.addr, "/health").await, Ok((200, _))) {

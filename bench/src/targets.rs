@@ -144,24 +144,25 @@ fn feature_toml<'a>(features: impl Iterator<Item = &'a str>) -> anyhow::Result<(
 /// warmpath with one pool over `backends` under `spec` (`POLICY[+canon][+tok][+defer][+precise]`,
 /// then `@KEY=VALUE` for each key of the policy's table to set, e.g.
 /// `cache_aware@miss_weight=2@balance_factor=1.5`);
-/// `kv_events` are the backends' KV event endpoints where they publish them (or empty);
+/// `per_backend` are TOML lines for each backend's table (its KV event endpoint, its K/V
+/// transfer address; or empty);
 /// `threads` is its `[server] threads`; `extra` is TOML appended to the generated policy file
 /// (tables of the pool, such as `[pools.prefix_hash]`).
 pub fn warmpath(
     backends: &[SocketAddr],
-    kv_events: &[String],
+    per_backend: &[String],
     spec: &str,
     threads: usize,
     extra: &str,
 ) -> anyhow::Result<Target> {
-    warmpath_binary(&sibling("warmpath")?, backends, kv_events, spec, threads, extra)
+    warmpath_binary(&sibling("warmpath")?, backends, per_backend, spec, threads, extra)
 }
 
 /// [`warmpath`] from the binary `bin` (another build, for a before/after comparison).
 pub fn warmpath_binary(
     bin: &Path,
     backends: &[SocketAddr],
-    kv_events: &[String],
+    per_backend: &[String],
     spec: &str,
     threads: usize,
     extra: &str,
@@ -183,8 +184,8 @@ pub fn warmpath_binary(
     );
     for (i, b) in backends.iter().enumerate() {
         toml.push_str(&format!("[[pools.backends]]\nname = \"b{i}\"\nurl = \"http://{b}\"\n"));
-        if let Some(kv) = kv_events.get(i) {
-            toml.push_str(&format!("kv_events = \"{kv}\"\n"));
+        if let Some(lines) = per_backend.get(i) {
+            toml.push_str(lines);
         }
     }
     toml.push_str(&features);

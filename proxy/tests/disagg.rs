@@ -194,7 +194,8 @@ fn short_prompts_are_prefilled_where_they_are_decoded() {
 #[test]
 fn a_busy_holders_prefix_is_fetched_by_another_engine() {
     // Two engines that serve their K/V to each other; a conversation's holder is busy with a
-    // long prefill, so its next turn goes to the other engine, which fetches the prefix.
+    // long prefill, so its next turn goes to the other engine, which fetches the prefix (a
+    // fetched token weighed as a queued one here, to keep the busy turn short).
     let ports: [u16; 2] = free_ports();
     let slow = ["--sim-prefill-us-per-token", "1000"];
     let es: Vec<Engine> = ports
@@ -202,7 +203,8 @@ fn a_busy_holders_prefix_is_fetched_by_another_engine() {
         .map(|p| Engine::sim("m", &[&["--kv-transfer-port", &p.to_string()], &slow[..]].concat()))
         .collect();
     let mut text = String::from(
-        "[[pools]]\nname = \"main\"\nmodels = [\"m\"]\npolicy = \"cache_aware\"\n[pools.canon]\ntokenizer = \"wp32k\"\n",
+        "[[pools]]\nname = \"main\"\nmodels = [\"m\"]\npolicy = \"cache_aware\"\n[pools.canon]\ntokenizer = \"wp32k\"\n\
+         [pools.cache_aware]\nfetch_weight = 1.0\n",
     );
     for (i, (e, p)) in es.iter().zip(ports).enumerate() {
         text.push_str(&format!(

@@ -419,7 +419,7 @@ pub async fn run(mut a: Args) -> anyhow::Result<()> {
             n += 1;
             let slot = &slots[i];
             let mut target =
-                start_target(&slot.spec, &fleet.addrs(), &fleet.kv_events, a.proxy_threads, &extra)?;
+                start_target(&slot.spec, &fleet.addrs(), &fleet.backend_toml(), a.proxy_threads, &extra)?;
             targets::wait_ready(&mut target, &ready_body).await?;
             // Let routers finish their start-up probes, then start every engine cold.
             tokio::time::sleep(Duration::from_millis(500)).await;
@@ -522,13 +522,13 @@ pub async fn run(mut a: Args) -> anyhow::Result<()> {
 fn start_target(
     spec: &str,
     backends: &[std::net::SocketAddr],
-    kv_events: &[String],
+    per_backend: &[String],
     threads: usize,
     extra: &str,
 ) -> anyhow::Result<Target> {
     let (system, policy) = spec.split_once(':').unwrap_or((spec, ""));
     match system {
-        "warmpath" => targets::warmpath(backends, kv_events, if policy.is_empty() { "round_robin" } else { policy }, threads, extra),
+        "warmpath" => targets::warmpath(backends, per_backend, if policy.is_empty() { "round_robin" } else { policy }, threads, extra),
         "sglang-router" | "vllm-router" => {
             targets::rust_router(system, backends, if policy.is_empty() { "cache_aware" } else { policy })
         }

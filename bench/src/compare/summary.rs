@@ -46,9 +46,13 @@ impl Context<'_> {
             self.kv_blocks,
             (self.kv_blocks * self.backends) as f64 / self.ws.max(1) as f64,
             self.ws,
-            match tier {
-                0 => String::new(),
-                t => format!(
+            match (tier, a.engine.kv_transfer) {
+                (0, true) => format!(
+                    ", serving their cached K/V to each other (a fetched block costs the fetching engine {} µs)",
+                    a.engine.transfer_us_per_block
+                ),
+                (0, false) => String::new(),
+                (t, _) => format!(
                     ", each with a host-memory KV tier of {t} blocks (evicted blocks kept there and loaded at {} µs a block)",
                     a.engine.kv_load_us_per_block
                 ),

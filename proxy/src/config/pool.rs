@@ -200,7 +200,7 @@ impl Default for CacheAwareConfig {
             session_ttl_s: 600,
             scrape_interval_ms: 1000,
             event_timeout_ms: 5000,
-            fetch_weight: 0.1,
+            fetch_weight: 6.0,
         }
     }
 }
