@@ -239,3 +239,26 @@ fn a_busy_holders_prefix_is_fetched_by_another_engine() {
     assert!(series(&other.metrics(), "warmpath_engine_kv_transfer_blocks_total", "\"received\"") >= 16.0);
     assert_eq!(busy.join().expect("the long turn").status, 200);
 }
+
+#[test]
+fn a_clients_own_kv_transfer_params_are_removed_unless_the_pool_allows_them() {
+    // A listener standing for "wherever the client says": the engine must not be sent there.
+    let trap = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+    trap.set_nonblocking(true).expect("nonblocking");
+    let e = Engine::sim("m", &[]);
+    let mut body = ask(60, 2, false);
+    body["kv_transfer_params"] = json!({"do_remote_prefill": true, "remote_host": "127.0.0.1",
+        "remote_port": trap.local_addr().expect("addr").port(), "remote_request_id": "1"});
+    for (allowed, reached) in [(false, false), (true, true)] {
+        let text = format!(
+            "[[pools]]\nname = \"main\"\nmodels = [\"m\"]\n[pools.disagg]\nclient_params = {allowed}\n\
+             [[pools.backends]]\nname = \"e\"\nurl = {:?}\n",
+            e.url()
+        );
+        let proxy = Proxy::start(&text);
+        let r = post_json(proxy.addr, "/v1/chat/completions", &body);
+        assert_eq!(r.status, 200, "{}", r.text());
+        let connected = eventually(Duration::from_millis(500), || trap.accept().is_ok());
+        assert_eq!(connected, reached, "client_params = {allowed}");
+    }
+}

@@ -299,11 +299,15 @@ pub struct DisaggConfig {
     /// are prefilled by the decode backend itself: sending them away costs more than the few
     /// decode steps they slow (as Dynamo's `max_local_prefill_length`).
     pub min_prompt_tokens: usize,
+    /// A client's own `kv_transfer_params` go to the backends (a client running its own
+    /// disaggregation through warmpath). Off, warmpath removes them: with `do_remote_prefill`
+    /// they would make a backend connect wherever they say.
+    pub client_params: bool,
 }
 
 impl Default for DisaggConfig {
     fn default() -> Self {
-        DisaggConfig { min_prompt_tokens: 512 }
+        DisaggConfig { min_prompt_tokens: 512, client_params: false }
     }
 }
 

@@ -155,7 +155,7 @@ fn handed_over(body: &[u8]) -> bool {
 /// them the prompt the backend renders.
 fn rewrite(body: &[u8], set: &[(&str, &str)], drop: &[&str]) -> Bytes {
     let text = std::str::from_utf8(body).unwrap_or("{}");
-    let fields = object_fields(text).unwrap_or_default();
+    let Ok(fields) = object_fields(text) else { return Bytes::copy_from_slice(body) };
     let mut out = String::with_capacity(body.len() + 256);
     out.push('{');
     let mut put = |k: &str, v: &str| {
@@ -182,6 +182,12 @@ fn rewrite(body: &[u8], set: &[(&str, &str)], drop: &[&str]) -> Bytes {
     }
     out.push('}');
     Bytes::from(out)
+}
+
+/// `body` without the client's own `kv_transfer_params` (`[pools.disagg] client_params` off):
+/// a backend acts on them, and with `do_remote_prefill` connects wherever they say.
+pub(super) fn without_client_params(body: Bytes) -> Bytes {
+    rewrite(&body, &[], &["kv_transfer_params"])
 }
 
 /// The fields of vLLM's prefill request in place of the client's: the same prompt, one token,

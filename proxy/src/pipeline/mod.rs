@@ -304,6 +304,7 @@ async fn stages(
     let salt =
         parsed.tenant_salt.clone().map(|t| (t, parsed.extra_str("cache_salt").map(|c| c.into_owned())));
     let ask_usage = parsed.ask_usage;
+    let client_params = !pool.disagg.client_params && parsed.extra_raw("kv_transfer_params").is_some();
     drop(parsed);
     // 6. Forward.
     let out = Outgoing {
@@ -316,6 +317,10 @@ async fn stages(
             let out = match &salt {
                 Some((t, theirs)) => crate::auth::salted_body(out, t, theirs.as_deref()),
                 None => out,
+            };
+            let out = match client_params {
+                true => disagg::without_client_params(out),
+                false => out,
             };
             match ask_usage {
                 true => usage::ask(out),
