@@ -103,3 +103,12 @@ async fn until_signal(work: impl std::future::Future<Output = anyhow::Result<()>
         _ = term.recv() => anyhow::bail!("terminated"),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn every_subcommands_flags_are_distinct() {
+        use clap::CommandFactory;
+        super::Cli::command().debug_assert();
+    }
+}

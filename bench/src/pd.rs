@@ -6,7 +6,7 @@
 //! `--splits`. On the sim executor a step that prefills a chunk of a long prompt takes the
 //! chunk's prefill time, and every sequence decoding in that step waits for it: the
 //! interference disaggregation removes. Decode engines model the K/V transfer's time per block
-//! (`--transfer-us-per-block`).
+//! (`--transfer-us-per-block`, 80 µs: a 16-token block of an 8B model, 2 MiB, at 25 GB/s).
 //!
 //! Reported per configuration: TTFT p50/p99 (all requests, streams, long prompts) and TPOT
 //! p50/p99 of the streams (time per output token after the first, per request, as vLLM's
@@ -55,10 +55,6 @@ pub struct Args {
     /// Seconds of load per configuration.
     #[arg(long, default_value_t = 30)]
     pub duration_s: u64,
-    /// Time a decode engine spends per K/V block it receives, µs (80: a 16-token block of an
-    /// 8B model, 2 MiB, at 25 GB/s).
-    #[arg(long, default_value_t = 80.0)]
-    pub transfer_us_per_block: f64,
     /// The pool's `[pools.disagg] min_prompt_tokens`: shorter prompts prefill where they decode.
     #[arg(long, default_value_t = 512)]
     pub min_prompt_tokens: usize,
@@ -212,7 +208,7 @@ fn row(label: String, s: &Seen, transferred: f64) -> Row {
 /// Runs one configuration: `prefill` of the engines only prefill (0: co-located).
 async fn configuration(a: &Args, prefill: usize, seed: u64) -> anyhow::Result<Row> {
     let kv_blocks = a.engine.kv_blocks.unwrap_or(KV_BLOCKS);
-    let delay = a.transfer_us_per_block.to_string();
+    let delay = a.engine.transfer_us_per_block.to_string();
     let extra = |i: usize| -> Vec<String> {
         let mut v: Vec<String> = if i < prefill {
             vec!["--kv-transfer-port".into(), "0".into()]
@@ -270,7 +266,11 @@ pub async fn run(a: Args) -> anyhow::Result<()> {
         rows.push(configuration(&a, p, (k as u64 + 1) * 10_000_000_000).await?);
     }
     let md = report(&a, &rows);
-    crate::report::publish(&md, "pd", a.out.clone(), a.quick)
+    crate::report::publish(&md, "pd", a.out.clone(), a.quick)?;
+    // A smoke test fails when anything failed.
+    let errors: usize = rows.iter().map(|r| r.errors).sum();
+    anyhow::ensure!(!a.quick || errors == 0, "{errors} requests failed");
+    Ok(())
 }
 
 fn report(a: &Args, rows: &[Row]) -> String {
@@ -297,7 +297,7 @@ fn report(a: &Args, rows: &[Row]) -> String {
         a.long_words,
         a.long_tokens,
         a.duration_s,
-        a.transfer_us_per_block,
+        a.engine.transfer_us_per_block,
         a.min_prompt_tokens,
         e.executor,
         e.engine_model,
@@ -311,7 +311,7 @@ fn report(a: &Args, rows: &[Row]) -> String {
         },
         e.max_num_batched_tokens,
         e.max_num_seqs,
-        a.transfer_us_per_block,
+        a.engine.transfer_us_per_block,
         a.policy,
         a.min_prompt_tokens,
         a.duration_s,
