@@ -14,6 +14,8 @@
 
 use std::time::Instant;
 
+use std::borrow::Cow;
+
 use bytes::Bytes;
 
 use super::attempt::{self, Failure, Reached, Retries};
@@ -51,12 +53,10 @@ pub(super) async fn prefill(
     if prompt_tokens(out, key) < out.pool.disagg.min_prompt_tokens {
         return Ok(Prefilled::Whole);
     }
-    if !handed_over(&out.body) {
-        return Ok(Prefilled::Whole);
-    }
+    let Some(fields) = fields(&out.body).filter(handed_over) else { return Ok(Prefilled::Whole) };
     let (state, m) = (out.state, &out.state.metrics);
     let started = Instant::now();
-    let body = prefill_body(&out.body);
+    let body = prefill_body(&fields);
     let mut retries = Retries::new(state, pool);
     let outcome = loop {
         let sel = match retries.next(key, out.priority).await {
@@ -94,7 +94,7 @@ pub(super) async fn prefill(
         }
     };
     let label = outcome.as_ref().map_or_else(|why| *why, |_| "ok");
-    m.prefills.with_label_values(&[&out.pool.name, label]).inc();
+    m.disagg.prefills.with_label_values(&[&out.pool.name, label]).inc();
     if ctx.traced() {
         let mut attrs = vec![("warmpath.pool", pool.name.as_str().into())];
         if let Ok((_, b)) = &outcome {
@@ -103,8 +103,8 @@ pub(super) async fn prefill(
         ctx.span("prefill", Kind::Client, started, attrs, outcome.as_ref().err().map(|w| (*w).to_owned()));
     }
     let Ok((params, backend)) = outcome else { return Ok(Prefilled::Whole) };
-    m.prefill_duration.with_label_values(&[&out.pool.name]).observe(started.elapsed().as_secs_f64());
-    let body = rewrite(&out.body, &[("kv_transfer_params", &params)], &[]);
+    m.disagg.prefill_duration.with_label_values(&[&out.pool.name]).observe(started.elapsed().as_secs_f64());
+    let body = rewrite(&fields, &[("kv_transfer_params", &params)], &[]);
     Ok(Prefilled::Decode { body, backend })
 }
 
@@ -115,10 +115,7 @@ pub(super) async fn prefill(
 pub(super) fn fetch_body(out: &Outgoing<'_>, body: &Bytes, source: &crate::route::Backend) -> Option<Bytes> {
     let (host, port) = source.kv_transfer.as_deref()?.rsplit_once(':')?;
     let port: u16 = port.parse().ok()?;
-    if !matches!(out.route, LlmRoute::Chat | LlmRoute::Completions)
-        || out.search.is_some()
-        || !handed_over(body)
-    {
+    if !matches!(out.route, LlmRoute::Chat | LlmRoute::Completions) || out.search.is_some() {
         return None;
     }
     let host = host.trim_start_matches('[').trim_end_matches(']');
@@ -126,7 +123,8 @@ pub(super) fn fetch_body(out: &Outgoing<'_>, body: &Bytes, source: &crate::route
         r#"{{"do_remote_prefill":true,"do_remote_decode":false,"remote_host":{},"remote_port":{port},"remote_request_id":"0","remote_block_ids":[]}}"#,
         string(host)
     );
-    Some(rewrite(body, &[("kv_transfer_params", &params)], &[]))
+    let fields = fields(body).filter(handed_over)?;
+    Some(rewrite(&fields, &[("kv_transfer_params", &params)], &[]))
 }
 
 /// The prompt's tokens: counted where the pool counts them, else estimated from its units or,
@@ -140,23 +138,29 @@ fn prompt_tokens(out: &Outgoing<'_>, key: &RouteKey) -> usize {
     }
 }
 
-/// Whether the request can be handed over: a JSON object asking for one choice, without
+/// A body's top-level fields: each key and its value's text.
+type Fields<'a> = Vec<(Cow<'a, str>, &'a str)>;
+
+/// The top-level fields of `body`, read once for every decision and rewrite of it; `None`
+/// where it is not one JSON object.
+fn fields(body: &[u8]) -> Option<Fields<'_>> {
+    object_fields(std::str::from_utf8(body).ok()?).ok()
+}
+
+/// Whether the request can be handed over: it asks for one choice and carries no
 /// `kv_transfer_params` of the client's own (it runs its own disaggregation).
-fn handed_over(body: &[u8]) -> bool {
-    let Ok(text) = std::str::from_utf8(body) else { return false };
-    let Ok(fields) = object_fields(text) else { return false };
+fn handed_over(fields: &Fields<'_>) -> bool {
     let one = fields.iter().filter(|(k, _)| k == "n").all(|(_, v)| v.trim() == "1" || v.trim() == "null");
     one && !fields.iter().any(|(k, _)| k == "kv_transfer_params")
 }
 
-/// `body` (an object [`handed_over`] accepted) with the top-level fields of `set` in place of
-/// its own (added at the end where it has none) and those of `drop` left out; every other value
-/// keeps its bytes — a re-serialized body would reorder the keys of tool schemas, and with
-/// them the prompt the backend renders.
-fn rewrite(body: &[u8], set: &[(&str, &str)], drop: &[&str]) -> Bytes {
-    let text = std::str::from_utf8(body).unwrap_or("{}");
-    let Ok(fields) = object_fields(text) else { return Bytes::copy_from_slice(body) };
-    let mut out = String::with_capacity(body.len() + 256);
+/// The body of `fields` with the top-level fields of `set` in place of its own (added at the
+/// end where it has none) and those of `drop` left out; every other value keeps its bytes — a
+/// re-serialized body would reorder the keys of tool schemas, and with them the prompt the
+/// backend renders.
+fn rewrite(fields: &Fields<'_>, set: &[(&str, &str)], drop: &[&str]) -> Bytes {
+    let size: usize = fields.iter().map(|(k, v)| k.len() + v.len() + 4).sum();
+    let mut out = String::with_capacity(size + 256);
     out.push('{');
     let mut put = |k: &str, v: &str| {
         if out.len() > 1 {
@@ -166,7 +170,7 @@ fn rewrite(body: &[u8], set: &[(&str, &str)], drop: &[&str]) -> Bytes {
         out.push(':');
         out.push_str(v);
     };
-    for (k, v) in &fields {
+    for (k, v) in fields {
         if drop.contains(&k.as_ref()) {
             continue;
         }
@@ -187,22 +191,20 @@ fn rewrite(body: &[u8], set: &[(&str, &str)], drop: &[&str]) -> Bytes {
 /// `body` without the client's own `kv_transfer_params` (`[pools.disagg] client_params` off):
 /// a backend acts on them, and with `do_remote_prefill` connects wherever they say.
 pub(super) fn without_client_params(body: Bytes) -> Bytes {
-    rewrite(&body, &[], &["kv_transfer_params"])
+    let stripped = fields(&body).map(|f| rewrite(&f, &[], &["kv_transfer_params"]));
+    stripped.unwrap_or(body)
 }
 
 /// The fields of vLLM's prefill request in place of the client's: the same prompt, one token,
 /// answered whole, asking the backend to keep the K/V for a remote decode.
 const PREFILL_PARAMS: &str = r#"{"do_remote_decode":true,"do_remote_prefill":false,"remote_engine_id":null,"remote_block_ids":null,"remote_host":null,"remote_port":null}"#;
 
-fn prefill_body(body: &[u8]) -> Bytes {
-    let set = [("stream", "false"), ("max_tokens", "1"), ("kv_transfer_params", PREFILL_PARAMS)];
-    let text = std::str::from_utf8(body).unwrap_or("{}");
-    let completion = object_fields(text).is_ok_and(|f| f.iter().any(|(k, _)| k == "max_completion_tokens"));
-    let mut set = set.to_vec();
-    if completion {
+fn prefill_body(fields: &Fields<'_>) -> Bytes {
+    let mut set = vec![("stream", "false"), ("max_tokens", "1"), ("kv_transfer_params", PREFILL_PARAMS)];
+    if fields.iter().any(|(k, _)| k == "max_completion_tokens") {
         set.push(("max_completion_tokens", "1"));
     }
-    rewrite(body, &set, &["stream_options"])
+    rewrite(fields, &set, &["stream_options"])
 }
 
 /// The text of the `kv_transfer_params` object of a prefill's answer, where it has one.
@@ -222,8 +224,9 @@ mod tests {
 
     #[test]
     fn the_prefill_asks_for_one_token_whole_and_a_remote_decode() {
-        assert!(handed_over(REQ));
-        let p: Value = serde_json::from_slice(&prefill_body(REQ)).expect("json");
+        let req = fields(REQ).expect("an object");
+        assert!(handed_over(&req));
+        let p: Value = serde_json::from_slice(&prefill_body(&req)).expect("json");
         assert_eq!(p["stream"], false);
         assert_eq!(p["max_tokens"], 1);
         assert_eq!(p["max_completion_tokens"], 1);
@@ -236,9 +239,10 @@ mod tests {
         // The tool schema's keys stay in their order ("z" before "a"): the prompt the backend
         // renders from them is the client's.
         let schema = r#"{"type":"function","function":{"name":"f","parameters":{"type":"object","properties":{"z":{},"a":{}}}}}"#;
-        let p = prefill_body(REQ);
+        let req = fields(REQ).expect("an object");
+        let p = prefill_body(&req);
         assert!(std::str::from_utf8(&p).expect("utf8").contains(schema));
-        let d = rewrite(REQ, &[("kv_transfer_params", r#"{"remote_port":1}"#)], &[]);
+        let d = rewrite(&req, &[("kv_transfer_params", r#"{"remote_port":1}"#)], &[]);
         let text = std::str::from_utf8(&d).expect("utf8");
         assert!(text.starts_with(std::str::from_utf8(&REQ[..REQ.len() - 1]).expect("utf8")), "{text}");
         assert!(text.ends_with(r#","kv_transfer_params":{"remote_port":1}}"#), "{text}");
@@ -246,10 +250,11 @@ mod tests {
 
     #[test]
     fn some_requests_are_not_handed_over() {
-        assert!(!handed_over(br#"{"model":"m","n":2}"#), "several choices");
-        assert!(handed_over(br#"{"model":"m","n":1}"#));
-        assert!(!handed_over(br#"{"model":"m","kv_transfer_params":{}}"#), "the client's own P/D");
-        assert!(!handed_over(b"[1]"));
+        let handed = |b: &[u8]| fields(b).is_some_and(|f| handed_over(&f));
+        assert!(!handed(br#"{"model":"m","n":2}"#), "several choices");
+        assert!(handed(br#"{"model":"m","n":1}"#));
+        assert!(!handed(br#"{"model":"m","kv_transfer_params":{}}"#), "the client's own P/D");
+        assert!(!handed(b"[1]"));
         assert!(params_of(br#"{"choices":[]}"#).is_none(), "a backend that is not a P/D prefill server");
         assert!(params_of(br#"{"kv_transfer_params":null}"#).is_none());
         let p = params_of(br#"{"kv_transfer_params":{"remote_port":1}}"#).expect("params");
