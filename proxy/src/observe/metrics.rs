@@ -49,11 +49,8 @@ pub struct Metrics {
     pub retries: IntCounterVec,
     /// `pool`: a retry was wanted but the retry budget was spent.
     pub retry_budget_exhausted: IntCounterVec,
-    /// `pool`, `outcome`: prefills sent to prefill backends (`ok`; or the request went whole to
-    /// a decode backend: `failed`, `refused`, `unsupported`).
-    pub prefills: IntCounterVec,
-    /// `pool`: a prefill's time, sent to its `kv_transfer_params` in.
-    pub prefill_duration: HistogramVec,
+    /// Prefill/decode disaggregation.
+    pub disagg: super::disagg::DisaggMetrics,
     /// `pool`, `backend`.
     pub ejections: IntCounterVec,
     /// `backend`, `kind` (`connect`, `timeout`, `status_5xx`, `io`, `stream_cut`).
@@ -443,16 +440,7 @@ impl Metrics {
                 "Retries not made because the retry budget was spent.",
                 &["pool"],
             ),
-            prefills: counter(
-                "warmpath_prefills_total",
-                "Prefills sent to a pool's prefill backends before the decode, by outcome.",
-                &["pool", "outcome"],
-            ),
-            prefill_duration: histogram(
-                "warmpath_prefill_duration_seconds",
-                "Time from sending a prefill to its answer's kv_transfer_params.",
-                &["pool"],
-            ),
+            disagg: super::disagg::DisaggMetrics::register(&registry, LATENCY_BUCKETS),
             ejections: counter(
                 "warmpath_backend_ejections_total",
                 "Passive ejections after consecutive failures.",

@@ -3,6 +3,7 @@
 //! its life (serving, draining, closing; the requests being served).
 
 mod admin;
+mod disagg;
 mod ids;
 mod lifecycle;
 mod metrics;
