@@ -62,14 +62,14 @@ impl HostTier {
         self.entries.contains_key(&hash)
     }
 
-    fn bump(&mut self, hash: BlockHash) -> u64 {
+    /// Makes `hash` the most recently used.
+    fn bump(&mut self, hash: BlockHash) {
         self.tick += 1;
         if let Some(e) = self.entries.get_mut(&hash) {
             self.order.remove(&e.tick);
             e.tick = self.tick;
             self.order.insert(self.tick, hash);
         }
-        self.tick
     }
 
     /// Keeps `data` under `hash`, dropping the least recently used block when full.
@@ -95,8 +95,8 @@ impl HostTier {
 
     /// The bytes kept under `hash`, checked; a damaged block is dropped and `None` returned.
     pub fn get(&mut self, hash: BlockHash) -> Option<&[u8]> {
-        let ok = xxh3_64(&self.entries.get(&hash)?.data) == self.entries.get(&hash)?.sum;
-        if !ok {
+        let e = self.entries.get(&hash)?;
+        if xxh3_64(&e.data) != e.sum {
             if let Some(e) = self.entries.remove(&hash) {
                 self.order.remove(&e.tick);
             }
