@@ -12,6 +12,7 @@ use serde_json::{json, Value};
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
 use warmpath_engine::config::{EngineArgs, ExecutorKind};
 use warmpath_engine::kv_transfer::frame::{self, FetchRequest, Frame};
+use warmpath_tests::series;
 use warmpath_wire::prefix::block_hashes;
 
 /// A prompt of `n` token ids (ordinary ids of the built-in vocabulary).

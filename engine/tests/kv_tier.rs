@@ -6,6 +6,7 @@ mod common;
 use common::*;
 use serde_json::{json, Value};
 use warmpath_engine::config::EngineArgs;
+use warmpath_tests::series;
 
 fn prompt(n: usize, seed: u32) -> Vec<u32> {
     (0..n as u32).map(|i| 300 + (i * 11 + seed * 17) % 2000).collect()

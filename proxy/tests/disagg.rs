@@ -26,13 +26,6 @@ fn split_pool(policy: &str, min: usize, backends: &[(&str, String, &str)]) -> St
     s
 }
 
-fn series(text: &str, name: &str, label: &str) -> f64 {
-    text.lines()
-        .filter(|l| l.starts_with(name) && l.contains(label))
-        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
-        .sum()
-}
-
 fn ask(words: usize, max_tokens: u32, stream: bool) -> Value {
     let text: String = (0..words).map(|i| format!("word{} ", i % 89)).collect();
     json!({"model": "m", "messages": [{"role": "user", "content": text}], "max_tokens": max_tokens,

@@ -16,3 +16,14 @@ pub fn metric_sum(text: &str, prefix: &str) -> f64 {
         .filter_map(|v| v.parse::<f64>().ok())
         .sum()
 }
+
+/// Sum of the series of metric `name` whose labels include `label` (any text of the label
+/// set, e.g. `direction="received"`; empty: every series of it), whatever the labels' order.
+pub fn series(text: &str, name: &str, label: &str) -> f64 {
+    text.lines()
+        .filter(|l| {
+            l.strip_prefix(name).is_some_and(|rest| rest.starts_with(['{', ' '])) && l.contains(label)
+        })
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum()
+}

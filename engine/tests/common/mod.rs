@@ -114,12 +114,3 @@ where
 pub fn long_text(words: usize) -> String {
     (0..words).map(|i| format!("word{} ", i % 97)).collect()
 }
-
-/// The sum of the series `name` whose labels include `label` (0 if none).
-pub fn series(metrics: &str, name: &str, label: &str) -> f64 {
-    metrics
-        .lines()
-        .filter(|l| l.starts_with(name) && l.contains(label))
-        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
-        .sum()
-}
