@@ -52,6 +52,14 @@ pub struct EngineOpts {
     /// Time a decode engine spends per K/V block it fetches from another, µs.
     #[arg(long, default_value_t = 80.0)]
     pub transfer_us_per_block: f64,
+    /// A KV tier the engines share: a `redis-server` of the fleet's own, each engine started
+    /// with `--kv-tier-shared` and named to warmpath as `shared_kv_tier` (emptied between
+    /// targets, as the caches are).
+    #[arg(long)]
+    pub kv_tier_shared: bool,
+    /// The shared tier's Redis `maxmemory` in MiB, least recently used out (0: unbounded).
+    #[arg(long, default_value_t = 0)]
+    pub kv_tier_shared_mib: u64,
 }
 
 impl EngineOpts {
@@ -67,6 +75,8 @@ pub struct Fleet {
     pub kv_events: Vec<String>,
     /// Each engine's K/V transfer address, where `--kv-transfer` gave them one.
     pub kv_transfer: Vec<String>,
+    /// The shared KV tier's Redis, where `--kv-tier-shared` started one.
+    pub shared: Option<Target>,
 }
 
 pub const BLOCK_SIZE: usize = 16;
@@ -84,6 +94,9 @@ impl Fleet {
                 let mut t = format!("kv_events = \"{}\"\n", self.kv_events[i]);
                 if let Some(k) = self.kv_transfer.get(i) {
                     t.push_str(&format!("kv_transfer = \"{k}\"\n"));
+                }
+                if self.shared.is_some() {
+                    t.push_str("shared_kv_tier = true\n");
                 }
                 t
             })
@@ -112,6 +125,10 @@ impl Fleet {
         extra: &dyn Fn(usize) -> Vec<String>,
     ) -> anyhow::Result<Fleet> {
         let bin = targets::sibling("warmpath-engine")?;
+        let shared = match o.kv_tier_shared {
+            true => Some(start_redis(o.kv_tier_shared_mib).await?),
+            false => None,
+        };
         let mut engines = Vec::new();
         let mut kv_events = Vec::new();
         let mut kv_transfer = Vec::new();
@@ -139,14 +156,17 @@ impl Fleet {
             let tier = o.tier_blocks(kv_blocks);
             if tier > 0 {
                 cmd.args(["--kv-tier-blocks", &tier.to_string()]);
-                if o.executor == "sim" {
-                    cmd.args(["--sim-kv-load-us-per-block", &o.kv_load_us_per_block.to_string()]);
-                }
+            }
+            if let Some(r) = &shared {
+                cmd.args(["--kv-tier-shared", &format!("redis://{}", r.addr)]);
+            }
+            if (tier > 0 || shared.is_some()) && o.executor == "sim" {
+                cmd.args(["--sim-kv-load-us-per-block", &o.kv_load_us_per_block.to_string()]);
             }
             engines.push(targets::spawn(&format!("engine-{i}"), &mut cmd, addr)?);
             kv_events.push(kv);
         }
-        let fleet = Fleet { engines, kv_events, kv_transfer };
+        let fleet = Fleet { engines, kv_events, kv_transfer, shared };
         let deadline = Instant::now() + Duration::from_secs(60);
         for e in &fleet.engines {
             while !matches!(get(e.addr, "/health").await, Ok((200, _))) {
@@ -177,8 +197,47 @@ impl Fleet {
             let (s, body) = post(e.addr, "/reset_prefix_cache").await?;
             anyhow::ensure!(s == 200, "{}: reset_prefix_cache answered {s}: {body}", e.name);
         }
+        if let Some(r) = &self.shared {
+            redis_command(r.addr, "FLUSHALL").await?;
+        }
         Ok(())
     }
+}
+
+/// A `redis-server` of the fleet's own on loopback, nothing persisted; `mib` > 0 bounds it
+/// (least recently used keys out).
+async fn start_redis(mib: u64) -> anyhow::Result<Target> {
+    let addr = targets::free_addr()?;
+    let mut cmd = Command::new("redis-server");
+    cmd.args(["--port", &addr.port().to_string(), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"]);
+    if mib > 0 {
+        cmd.args(["--maxmemory", &format!("{mib}mb"), "--maxmemory-policy", "allkeys-lru"]);
+    }
+    let redis = targets::spawn("redis", &mut cmd, addr)?;
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while redis_command(addr, "PING").await.is_err() {
+        anyhow::ensure!(
+            Instant::now() < deadline,
+            "redis-server did not start (bench/.peers/run/redis/log.txt)"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    Ok(redis)
+}
+
+/// Sends one inline command to the Redis at `addr`; fails unless it answers `+OK`/`+PONG`.
+async fn redis_command(addr: SocketAddr, cmd: &str) -> anyhow::Result<()> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut s = tokio::net::TcpStream::connect(addr).await?;
+    s.write_all(format!("{cmd}\r\n").as_bytes()).await?;
+    let mut buf = [0u8; 64];
+    let n = s.read(&mut buf).await?;
+    anyhow::ensure!(
+        buf[..n].starts_with(b"+"),
+        "redis answered {cmd} with {:?}",
+        String::from_utf8_lossy(&buf[..n])
+    );
+    Ok(())
 }
 
 /// The engine counters a report needs (sums over label sets).

@@ -90,6 +90,7 @@ fn pool(n: usize, capacity: usize, metrics: &Metrics) -> anyhow::Result<Pool> {
             api_key: None,
             role: b.role,
             kv_transfer: None,
+            shared_kv_tier: false,
         })
         .collect();
     let units = PromptUnits { exact_tokens: true, per_token_guess: 1.0, per_block: 16 };

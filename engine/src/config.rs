@@ -98,6 +98,26 @@ pub struct EngineArgs {
     /// loads them instead of computing them (0: no tier).
     #[arg(long, default_value_t = 0)]
     pub kv_tier_blocks: usize,
+    /// A KV tier the fleet shares, in Redis (`redis://HOST:PORT[/DB]`): every block computed
+    /// here is written there, and a prompt's blocks past this replica's cache that any replica
+    /// computed are loaded from there instead of computed. Size it with Redis's `maxmemory`
+    /// (and `maxmemory-policy allkeys-lru`).
+    #[arg(long)]
+    pub kv_tier_shared: Option<String>,
+    /// The shared tier's key prefix: replicas share blocks only under the same one (default:
+    /// derived from the model's name, the block size and the block's bytes).
+    #[arg(long)]
+    pub kv_tier_shared_namespace: Option<String>,
+    /// Seconds a block stays in the shared tier after it was last written.
+    #[arg(long, default_value_t = 3600)]
+    pub kv_tier_shared_ttl_s: u64,
+    /// Longest wait for the shared tier (dialling, each call), in milliseconds; past it the
+    /// prompt is computed and the tier skipped for a second.
+    #[arg(long, default_value_t = 200)]
+    pub kv_tier_shared_timeout_ms: u64,
+    /// Blocks waiting to be written to the shared tier at most; more are dropped (counted).
+    #[arg(long, default_value_t = 256)]
+    pub kv_tier_shared_queue: usize,
     /// Serve this replica's K/V to decode replicas on this port (0 picks one): requests with
     /// `kv_transfer_params.do_remote_decode` hold their blocks for them (prefill/decode
     /// disaggregation). Without it such requests are refused; any replica can decode. The port

@@ -100,10 +100,14 @@ impl Engine {
         executor: Box<dyn Executor>,
         metrics: Arc<Metrics>,
         events: Option<KvEventSink>,
+        shared: Option<Arc<dyn crate::kv_tier::BlockSink>>,
     ) -> std::io::Result<Engine> {
         let pool = BlockPool::new(info.num_blocks, info.block_size, events.is_some());
         let block_bytes = executor.block_bytes();
-        let sched = Scheduler::new(sched_cfg, pool);
+        let mut sched = Scheduler::new(sched_cfg, pool);
+        if let Some(s) = shared.filter(|_| info.prefix_caching && block_bytes > 0) {
+            sched.set_sink(s);
+        }
         let (tx, rx) = std_mpsc::channel();
         let m = metrics.clone();
         let thread = std::thread::Builder::new().name("engine-core".into()).spawn(move || {
@@ -119,6 +123,15 @@ impl Engine {
     /// Bytes of one block's K/V as other replicas fetch it (0: this executor's cannot move).
     pub fn block_bytes(&self) -> usize {
         self.block_bytes
+    }
+
+    /// The chained hashes of `prompt`'s blocks that another replica or a tier may supply: its
+    /// full blocks before its last token (that token is always computed).
+    pub fn loadable_hashes(&self, prompt: &[u32], cache_salt: Option<&str>) -> Vec<BlockHash> {
+        let bs = self.info.block_size;
+        let mut hashes = warmpath_wire::prefix::block_hashes(prompt, bs, cache_salt);
+        hashes.truncate(prompt.len().saturating_sub(1) / bs);
+        hashes
     }
 
     /// Queues a request. Fails with a 400 when it cannot fit the model or the cache.

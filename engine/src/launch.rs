@@ -108,7 +108,7 @@ pub async fn launch(args: EngineArgs) -> anyhow::Result<EngineServer> {
     if info.prefix_caching {
         metrics.set_tier_capacity(args.kv_tier_blocks);
     }
-    let (sink, kv_events_endpoint, kv_events_replay_endpoint, publisher) = match &args.kv_events_endpoint {
+    let (events, kv_events_endpoint, kv_events_replay_endpoint, publisher) = match &args.kv_events_endpoint {
         Some(ep) => {
             let replay = args.kv_events_replay_endpoint.as_deref().map(|r| (r, args.kv_events_buffer_steps));
             let p = crate::kv_events::start_publisher(ep, args.kv_events_topic.clone(), replay)
@@ -126,7 +126,14 @@ pub async fn launch(args: EngineArgs) -> anyhow::Result<EngineServer> {
         spec: args.speculative_config.clone(),
         kv_tier_blocks: args.kv_tier_blocks,
     };
-    let engine = Arc::new(Engine::start(info, sched, executor, metrics, sink)?);
+    let shared = match &args.kv_tier_shared {
+        Some(url) if info.prefix_caching => {
+            Some(shared_tier(&args, url, &model_name, executor.block_bytes(), &metrics)?)
+        }
+        _ => None,
+    };
+    let sink = shared.clone().map(|s| s as Arc<dyn crate::kv_tier::BlockSink>);
+    let engine = Arc::new(Engine::start(info, sched, executor, metrics, events, sink)?);
     let listener = server::bind(SocketAddr::new(args.host, args.port))
         .await
         .with_context(|| format!("binding {}:{}", args.host, args.port))?;
@@ -167,6 +174,7 @@ pub async fn launch(args: EngineArgs) -> anyhow::Result<EngineServer> {
         max_body_bytes: args.max_body_bytes,
         script,
         transfer,
+        shared,
     });
     Ok(EngineServer {
         addr,
@@ -203,4 +211,29 @@ impl EngineServer {
         }
         Ok(())
     }
+}
+
+/// The shared KV tier at `url`, its keys under the namespace given or one derived from what
+/// makes blocks interchangeable: the model, the block size and the block's bytes.
+fn shared_tier(
+    args: &EngineArgs,
+    url: &str,
+    model: &str,
+    block_bytes: usize,
+    metrics: &Metrics,
+) -> anyhow::Result<Arc<crate::kv_tier::SharedTier>> {
+    use crate::kv_tier::{SharedConfig, SharedMetrics, SharedTier};
+    let namespace = args.kv_tier_shared_namespace.clone().unwrap_or_else(|| {
+        let id = format!("{model}/{}/{block_bytes}", args.block_size);
+        format!("warmpath:kv:{:016x}", xxhash_rust::xxh3::xxh3_64(id.as_bytes()))
+    });
+    let cfg = SharedConfig {
+        url: url.to_owned(),
+        namespace,
+        ttl: std::time::Duration::from_secs(args.kv_tier_shared_ttl_s),
+        timeout: std::time::Duration::from_millis(args.kv_tier_shared_timeout_ms.max(1)),
+        queue: args.kv_tier_shared_queue,
+    };
+    let m = SharedMetrics::register(metrics.registry(), model, &args.engine_id)?;
+    SharedTier::start(cfg, m).with_context(|| format!("the shared KV tier {url}"))
 }

@@ -289,6 +289,11 @@ impl Metrics {
     }
 
     /// The Prometheus text exposition.
+    /// Where this engine's metrics are registered (for its parts that register their own).
+    pub fn registry(&self) -> &Registry {
+        &self.registry
+    }
+
     pub fn render(&self) -> String {
         let mut buf = Vec::new();
         let _ = TextEncoder::new().encode(&self.registry.gather(), &mut buf);

@@ -294,6 +294,7 @@ fn replica_spec(pool: &str, r: usize, rep: &Replica) -> BackendSpec {
         api_key: None,
         role: if rep.prefill { BackendRole::Prefill } else { BackendRole::Both },
         kv_transfer: rep.kv_transfer.map(|a| a.to_string()),
+        shared_kv_tier: rep.shared_kv_tier,
     }
 }
 

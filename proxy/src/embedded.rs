@@ -23,6 +23,8 @@ pub struct Replica {
     pub prefill: bool,
     /// Where it serves its K/V to the others, where it does.
     pub kv_transfer: Option<SocketAddr>,
+    /// It writes to and reads from the pool's shared KV tier.
+    pub shared_kv_tier: bool,
 }
 
 pub struct Embedded {
@@ -53,6 +55,7 @@ fn engine_args(e: &EmbeddedConfig, served_name: Option<&str>, id: usize) -> Engi
     if id < e.prefill_replicas || e.kv_transfer {
         a.kv_transfer_port = Some(0);
     }
+    a.kv_tier_shared = e.kv_tier_shared.clone();
     a
 }
 
@@ -84,6 +87,7 @@ pub fn start(cfg: &Config) -> anyhow::Result<Embedded> {
             let mut servers = Vec::new();
             let mut addrs = Vec::new();
             for (pi, prefill, args) in wanted {
+                let shared = args.kv_tier_shared.is_some();
                 match warmpath_engine::launch(args).await {
                     Ok(s) => {
                         let replica = Replica {
@@ -92,6 +96,7 @@ pub fn start(cfg: &Config) -> anyhow::Result<Embedded> {
                             kv_replay: s.kv_events_replay_endpoint.clone(),
                             prefill,
                             kv_transfer: s.kv_transfer_addr,
+                            shared_kv_tier: shared,
                         };
                         addrs.push((pi, replica));
                         servers.push(s);

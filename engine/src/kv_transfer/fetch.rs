@@ -4,7 +4,7 @@ use std::time::Instant;
 
 use tokio::io::{AsyncWriteExt, BufReader};
 use tokio::net::TcpStream;
-use warmpath_wire::prefix::{block_hashes, BlockHash};
+use warmpath_wire::prefix::BlockHash;
 
 use super::frame::{self, FetchRequest, Frame};
 use super::{Remote, TransferConfig};
@@ -23,9 +23,7 @@ pub async fn fetch(
 ) -> Option<Loaded> {
     let started = Instant::now();
     let m = &engine.metrics.transfer;
-    let bs = engine.info().block_size;
-    let mut hashes = block_hashes(prompt, bs, cache_salt);
-    hashes.truncate(prompt.len().saturating_sub(1) / bs);
+    let mut hashes = engine.loadable_hashes(prompt, cache_salt);
     // The prefill replica names its blocks; where they differ from ours (another model or
     // template), none of them is this prompt's.
     let agree = hashes.iter().zip(&remote.hashes).take_while(|(a, b)| a == b).count();

@@ -21,7 +21,7 @@ use warmpath_wire::prefix::extend_block_hashes;
 
 use crate::block_pool::{BlockId, BlockPool};
 use crate::executor::{Executor, SeqStep};
-use crate::kv_tier::HostTier;
+use crate::kv_tier::{BlockSink, HostTier};
 use crate::spec::{Drafter, SpecConfig, MAX_SPECULATIVE_TOKENS};
 pub use sequence::{FinishTimings, SamplingParams, SeqOutput, Sequence, StepStats};
 
@@ -51,6 +51,10 @@ pub struct Scheduler {
     held: HashMap<u64, (Vec<BlockId>, Instant)>,
     /// The second tier evicted blocks go to, where there is one.
     tier: Option<HostTier>,
+    /// Where computed blocks are written through (the shared tier), where there is one.
+    sink: Option<std::sync::Arc<dyn BlockSink>>,
+    /// Blocks computed in this step, to offer the sink once the step is done.
+    computed: Vec<(BlockId, warmpath_wire::prefix::BlockHash)>,
 }
 
 impl Scheduler {
@@ -68,6 +72,8 @@ impl Scheduler {
             stats: StepStats::default(),
             held: HashMap::new(),
             tier,
+            sink: None,
+            computed: Vec::new(),
         }
     }
 
@@ -182,7 +188,9 @@ impl Scheduler {
                 .collect();
             exec.execute(&mut batch)
         };
-        self.update(sampled)
+        let outputs = self.update(sampled);
+        self.write_through(exec);
+        outputs
     }
 
     /// Assigns this step's tokens; returns how many were scheduled.
@@ -431,6 +439,10 @@ impl Scheduler {
                     parent,
                     &s.tokens[from * bs..full * bs],
                 );
+                if let Some(sink) = &self.sink {
+                    let new = (from..full).map(|j| (s.block_table[j], s.hashes[j]));
+                    self.computed.extend(new.filter(|&(_, h)| sink.wants(h)));
+                }
                 s.num_cached_blocks = full;
             }
         }

@@ -1,13 +1,14 @@
 //! The scheduler's side of the second KV tier ([`crate::kv_tier`]): blocks the pool evicts are
 //! copied there before anything overwrites them, and admission loads a prompt's blocks from it
-//! where the pool's cached prefix ends and the tier's continues.
+//! where the pool's cached prefix ends and the tier's continues. Blocks computed here are
+//! offered to the shared tier ([`crate::kv_tier::shared`]) once the step that filled them is done.
 
 use warmpath_wire::prefix::BlockHash;
 
 use super::Scheduler;
 use crate::block_pool::BlockId;
 use crate::executor::Executor;
-use crate::kv_tier::{HostTier, TierStats};
+use crate::kv_tier::{BlockSink, HostTier, TierStats};
 
 /// How many of `hashes`, from the start, `tier` holds.
 pub(super) fn run(tier: Option<&HostTier>, hashes: &[BlockHash]) -> usize {
@@ -53,6 +54,22 @@ impl Scheduler {
             self.pool.cache_blocks(&blocks[..n], &hashes[..n], parent, &tokens[..n * bs]);
         }
         n
+    }
+
+    /// Writes the blocks computed from now on through to `sink`.
+    pub fn set_sink(&mut self, sink: std::sync::Arc<dyn BlockSink>) {
+        self.sink = Some(sink);
+    }
+
+    /// Offers the blocks the last step computed to the sink. They are read before the next
+    /// step allocates anything, so a finished request's freed blocks still hold their K/V.
+    pub(super) fn write_through(&mut self, exec: &mut dyn Executor) {
+        let Some(sink) = &self.sink else { return };
+        for (b, h) in self.computed.drain(..) {
+            let mut data = Vec::with_capacity(exec.block_bytes());
+            exec.read_block(b, &mut data);
+            sink.offer(h, data);
+        }
     }
 
     /// Blocks the tier holds, and what it did since the last call; `None` without a tier.

@@ -1,13 +1,15 @@
 //! `kv_transfer_params` on the HTTP routes: a prefill for a remote decode holds its blocks and
 //! says where they are; a decode after a remote prefill fetches them before it is queued
-//! ([`crate::kv_transfer`]).
+//! ([`crate::kv_transfer`]); any other request first loads what the shared KV tier holds of its
+//! prompt past this replica's cache ([`crate::kv_tier::shared`]).
 
 use serde_json::{Map, Value};
+use std::time::Instant;
 use warmpath_wire::openai::ApiError;
-use warmpath_wire::prefix::block_hashes;
 
 use super::AppState;
-use crate::core::Handoff;
+use crate::core::{Handoff, Loaded};
+use crate::kv_tier::SharedTier;
 use crate::kv_transfer::{fetch, params, KvRole};
 
 /// What a request's `kv_transfer_params` make of it, checked before anything is queued.
@@ -19,7 +21,13 @@ pub async fn prepare(
     prompt: &[u32],
     cache_salt: Option<&str>,
 ) -> Result<(Option<KvRole>, Handoff), ApiError> {
-    let Some(role) = params::parse(extra)? else { return Ok((None, Handoff::default())) };
+    let Some(role) = params::parse(extra)? else {
+        let loaded = match &state.shared {
+            Some(tier) if choices >= 1 => from_shared(state, tier, prompt, cache_salt).await,
+            _ => None,
+        };
+        return Ok((None, Handoff { hold: None, loaded }));
+    };
     let bad = |m: &str| Err(ApiError::invalid_request(m).with_param("kv_transfer_params"));
     if choices != 1 {
         return bad("a prefill/decode handoff carries one prompt and one choice (n = 1)");
@@ -49,12 +57,34 @@ pub async fn prepare(
     Ok((Some(role), handoff))
 }
 
+/// The blocks of `prompt` past this replica's cached prefix that the shared tier holds.
+async fn from_shared(
+    state: &AppState,
+    tier: &SharedTier,
+    prompt: &[u32],
+    cache_salt: Option<&str>,
+) -> Option<Loaded> {
+    let started = Instant::now();
+    let mut hashes = state.engine.loadable_hashes(prompt, cache_salt);
+    if hashes.is_empty() {
+        return None;
+    }
+    let first = state.engine.cached_prefix(hashes.clone()).await;
+    let blocks = match first < hashes.len() {
+        true => tier.fetch(&hashes[first..]).await,
+        false => Vec::new(),
+    };
+    tier.metrics.seconds.observe(started.elapsed().as_secs_f64());
+    if blocks.is_empty() {
+        return None;
+    }
+    hashes.truncate(first + blocks.len());
+    Some(Loaded { hashes, first, blocks })
+}
+
 /// The `kv_transfer_params` of a prefill's answer: request `id`'s blocks, held here.
 pub fn answer(state: &AppState, id: u64, prompt: &[u32], cache_salt: Option<&str>) -> Value {
-    let bs = state.engine.info().block_size;
-    let mut hashes = block_hashes(prompt, bs, cache_salt);
-    hashes.truncate(prompt.len().saturating_sub(1) / bs);
-    params::answer(&state.transfer, id, &hashes)
+    params::answer(&state.transfer, id, &state.engine.loadable_hashes(prompt, cache_salt))
 }
 
 /// `body` as JSON with `kv_transfer_params` added where the request was a prefill.

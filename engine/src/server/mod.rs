@@ -40,6 +40,8 @@ pub struct AppState {
     pub script: crate::script::Script,
     /// Prefill/decode handoffs.
     pub transfer: crate::kv_transfer::TransferConfig,
+    /// The fleet's shared KV tier, where there is one (`--kv-tier-shared`).
+    pub shared: Option<std::sync::Arc<crate::kv_tier::SharedTier>>,
 }
 
 impl AppState {

@@ -182,6 +182,10 @@ pub struct CacheAwareConfig {
     /// against a queued one: a busy holder's prefix is fetched by a less busy backend when that
     /// costs less than waiting (0: never fetch).
     pub fetch_weight: f64,
+    /// Weight of a prompt token loaded from the pool's shared KV tier (backends with
+    /// `shared_kv_tier`) against a queued one: a prefix computed on a busy backend is loaded
+    /// by a less busy one when that costs less than waiting (0: the tier is not priced).
+    pub tier_weight: f64,
 }
 
 impl Default for CacheAwareConfig {
@@ -201,6 +205,7 @@ impl Default for CacheAwareConfig {
             scrape_interval_ms: 1000,
             event_timeout_ms: 5000,
             fetch_weight: 6.0,
+            tier_weight: 2.0,
         }
     }
 }
@@ -289,6 +294,12 @@ pub struct BackendConfig {
     /// from here instead of recomputed (`fetch_weight`).
     #[serde(default)]
     pub kv_transfer: Option<String>,
+    /// Its K/V blocks are written to, and read from, a tier the pool's backends share (the
+    /// bundled engine's `--kv-tier-shared`; vLLM with LMCache's remote backend): `cache_aware`
+    /// prices a prefix any such backend computed at `tier_weight` a token here, not at its
+    /// prefill.
+    #[serde(default)]
+    pub shared_kv_tier: bool,
 }
 
 /// `[pools.disagg]`: prefill/decode disaggregation in a pool with prefill backends.
@@ -347,6 +358,9 @@ pub struct EmbeddedConfig {
     /// Every replica serves its cached K/V to the others (a transfer port each): `cache_aware`
     /// may then send a prompt to a less busy replica that fetches its prefix.
     pub kv_transfer: bool,
+    /// A KV tier every replica shares, in this Redis (`redis://HOST:PORT`): each replica
+    /// writes the blocks it computes there and loads what the others computed.
+    pub kv_tier_shared: Option<String>,
 }
 
 impl Default for EmbeddedConfig {
@@ -362,6 +376,7 @@ impl Default for EmbeddedConfig {
             speculative: None,
             prefill_replicas: 0,
             kv_transfer: false,
+            kv_tier_shared: None,
         }
     }
 }

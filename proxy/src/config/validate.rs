@@ -215,6 +215,11 @@ pub fn validate(cfg: &Config) -> Result<(), Invalid> {
                         e.prefill_replicas, e.replicas
                     )));
                 }
+                if let Some(u) = &e.kv_tier_shared {
+                    if !(u.starts_with("redis://") || u.starts_with("rediss://")) {
+                        return Err(ep.key("kv_tier_shared").err(format!("{u:?} is not a redis:// URL")));
+                    }
+                }
             }
             (None, false) => {}
         }

@@ -41,6 +41,8 @@ pub struct Backend {
     pub kv_events: Option<String>,
     /// Where others fetch its cached K/V (`HOST:PORT`), where it serves it.
     pub kv_transfer: Option<String>,
+    /// Its blocks go to, and come from, the pool's shared KV tier (`shared_kv_tier`).
+    pub shared_kv_tier: bool,
     /// Where it answers replays of recent KV event batches.
     pub kv_replay: Option<String>,
     inflight: AtomicUsize,
@@ -80,6 +82,7 @@ impl Backend {
             peer,
             kv_events: None,
             kv_transfer: None,
+            shared_kv_tier: false,
             kv_replay: None,
             inflight: AtomicUsize::new(0),
             pending_tokens: AtomicU64::new(0),

@@ -81,6 +81,8 @@ pub struct BackendSpec {
     pub role: BackendRole,
     /// Where others fetch its cached K/V (`HOST:PORT`).
     pub kv_transfer: Option<String>,
+    /// Its blocks go to, and come from, the pool's shared KV tier.
+    pub shared_kv_tier: bool,
 }
 
 impl BackendSpec {
@@ -97,6 +99,7 @@ impl BackendSpec {
             api_key: b.api_key_env.as_ref().and_then(|v| std::env::var(v).ok()),
             role: b.role,
             kv_transfer: b.kv_transfer.clone(),
+            shared_kv_tier: b.shared_kv_tier,
         };
         Ok(match b.expand {
             true => resolved.all(&b.url).iter().map(|a| spec(format!("{}@{}", b.name, a.ip()), *a)).collect(),
@@ -279,6 +282,7 @@ impl policy::Candidates for View<'_> {
             pending_tokens: b.pending_tokens(),
             reported: b.reported_requests(),
             fetchable: b.kv_transfer.is_some(),
+            shared_tier: b.shared_kv_tier,
         }
     }
 }
@@ -358,6 +362,7 @@ impl Pool {
             b.kv_events = spec.kv_events.clone();
             b.kv_replay = spec.kv_replay.clone();
             b.kv_transfer = spec.kv_transfer.clone();
+            b.shared_kv_tier = spec.shared_kv_tier;
             built.push(Arc::new(b));
         }
         let names: Vec<&str> = built.iter().map(|b| b.name.as_str()).collect();

@@ -41,6 +41,8 @@ pub struct Candidate {
     pub reported: u32,
     /// It serves its cached K/V to the others (`kv_transfer`).
     pub fetchable: bool,
+    /// It writes its blocks to, and loads them from, the pool's shared tier (`shared_kv_tier`).
+    pub shared_tier: bool,
 }
 
 impl Candidate {
@@ -167,7 +169,8 @@ pub(crate) mod testing {
                 state: State::Up,
                 pending_tokens: 0,
                 reported: 0,
-                fetchable: false
+                fetchable: false,
+                shared_tier: false,
             };
             n
         ]

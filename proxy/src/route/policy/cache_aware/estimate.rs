@@ -1,6 +1,7 @@
 //! The cost model of `cache_aware`: each backend's estimated prefill work for one prompt (what
-//! it does not hold, weighted by `miss_weight`, plus what is queued there), and the keys ties
-//! are broken by.
+//! it does not hold, weighted by `miss_weight`, or fetches from a peer or loads from the shared
+//! tier at `fetch_weight` or `tier_weight`, plus what is queued there), and the keys ties are
+//! broken by.
 
 use xxhash_rust::xxh3::xxh3_64_with_seed;
 
@@ -30,6 +31,8 @@ pub(super) struct Estimate {
     /// Where the cost counts the prompt's prefix as fetched from another backend's cache: that
     /// backend, and the tokens fetched.
     pub fetch: Option<(usize, u64)>,
+    /// Tokens the cost counts as loaded from the pool's shared KV tier.
+    pub tiered: u64,
 }
 
 /// What one decision weighs.
@@ -115,6 +118,14 @@ impl CacheAware {
             .max_by_key(|(i, _, d)| (*d, std::cmp::Reverse(*i)))
             .map(|&(i, _, d)| (i, (u64::from(d) * per_block).min(tokens)))
             .filter(|_| self.fetch_weight > 0.0);
+        // What the deepest backend writing to the shared tier computed is there for every
+        // backend reading it (`tier_weight` a token).
+        let tier_held = read
+            .iter()
+            .filter(|(_, c, d)| c.shared_tier && *d > 0)
+            .map(|&(_, _, d)| (u64::from(d) * per_block).min(tokens))
+            .max()
+            .filter(|_| self.tier_weight > 0.0);
         let est = read
             .into_iter()
             .map(|(i, c, depth)| {
@@ -131,12 +142,22 @@ impl CacheAware {
                         (work, fetch) = (alt, Some((src, fetched)));
                     }
                 }
+                let mut tiered = 0;
+                if let Some(held) = tier_held.filter(|&held| c.shared_tier && held > cached) {
+                    let alt = miss_weight * (tokens - held) as f64
+                        + self.tier_weight * (held - cached) as f64
+                        + queued;
+                    if alt < work {
+                        (work, fetch, tiered) = (alt, None, held - cached);
+                    }
+                }
                 Estimate {
                     index: i,
                     cached,
                     inflight: c.inflight,
                     cost: work / f64::from(c.weight.max(1)),
                     fetch,
+                    tiered,
                 }
             })
             .collect();

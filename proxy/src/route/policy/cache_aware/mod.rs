@@ -85,6 +85,7 @@ pub struct CacheAware {
     overload_factor: f64,
     balance_factor: f64,
     fetch_weight: f64,
+    tier_weight: f64,
     /// Rotates the random part of each sample.
     draws: AtomicU64,
 }
@@ -112,6 +113,7 @@ impl CacheAware {
             overload_factor: cfg.overload_factor,
             balance_factor: cfg.balance_factor,
             fetch_weight: cfg.fetch_weight.max(0.0),
+            tier_weight: cfg.tier_weight.max(0.0),
             draws: AtomicU64::new(0),
         }
     }
@@ -186,7 +188,7 @@ impl Policy for CacheAware {
             index: e.index,
             reason,
             detail: detail(e),
-            prefill_tokens: key.tokens as u64 - e.cached - e.fetch.map_or(0, |(_, n)| n),
+            prefill_tokens: key.tokens as u64 - e.cached - e.fetch.map_or(0, |(_, n)| n) - e.tiered,
             held_block,
             fetch_from: e.fetch.map(|(src, _)| src),
         };
@@ -242,6 +244,7 @@ impl Policy for CacheAware {
         let reason = match (moved, most_cached, chosen.cached) {
             (true, ..) => "affinity_moved",
             _ if chosen.fetch.is_some() => "fetch",
+            _ if chosen.tiered > 0 => "tier",
             (false, 0, _) => "new_prefix",
             (false, m, c) if c == m => "cache",
             (false, _, 0) => "load_uncached",
@@ -249,11 +252,15 @@ impl Policy for CacheAware {
         };
         let mut d = decision(chosen, reason);
         use std::fmt::Write as _;
-        if let (Some((cost, bounded)), "load_uncached" | "load_partial" | "fetch") = (passed, reason) {
+        if let (Some((cost, bounded)), "load_uncached" | "load_partial" | "fetch" | "tier") = (passed, reason)
+        {
             let _ = write!(d.detail, "; holder_cost={cost:.0}; holder_over_bound={bounded}");
         }
         if let Some((_, n)) = chosen.fetch {
             let _ = write!(d.detail, "; fetched={n}");
+        }
+        if chosen.tiered > 0 {
+            let _ = write!(d.detail, "; tiered={}", chosen.tiered);
         }
         Some(d)
     }

@@ -397,3 +397,33 @@ fn a_busy_holders_prefix_is_fetched_by_an_idle_backend_where_it_serves_its_kv() 
         .expect("a backend");
     assert_eq!((d.index, d.reason, d.fetch_from), (0, "cache", None));
 }
+
+#[test]
+fn a_busy_holders_prefix_is_loaded_from_the_shared_tier_by_an_idle_backend() {
+    // As above, with both backends on a shared KV tier instead of transfer ports.
+    let p = policy(2);
+    let conv = chain(7, 40);
+    p.index.insert(0, &conv);
+    let key = prompt(&conv, 8, 2);
+    let busy = |shared_tier: bool, pending: u64| {
+        let mut c = up(2);
+        c[0].pending_tokens = pending;
+        c.iter_mut().for_each(|x| x.shared_tier = shared_tier);
+        c
+    };
+    let d = p.select_from(&key, &busy(false, 5_000)).expect("a backend");
+    assert_eq!((d.index, d.reason), (1, "load_uncached"));
+    // On the tier it loads the 640 held tokens (2 units each) and computes the 32 after them.
+    let d = p.select_from(&key, &busy(true, 5_000)).expect("a backend");
+    assert_eq!((d.index, d.reason, d.fetch_from), (1, "tier", None), "{}", d.detail);
+    assert_eq!(d.prefill_tokens, 32);
+    assert!(d.detail.contains("tiered=640"), "{}", d.detail);
+    // A holder with less queued than loading the prefix costs keeps its prompt (640 × 2 = 1,280).
+    let d = p.select_from(&key, &busy(true, 1_000)).expect("a backend");
+    assert_eq!((d.index, d.reason), (0, "cache"), "{}", d.detail);
+    // A backend off the tier is not priced as if it could load from it.
+    let mut c = busy(true, 5_000);
+    c[1].shared_tier = false;
+    let d = p.select_from(&key, &c).expect("a backend");
+    assert_eq!((d.index, d.reason), (1, "load_uncached"), "{}", d.detail);
+}
