@@ -167,7 +167,7 @@ pub fn in_process(
         Box::new(LlamaExecutor::new(weights, num_blocks, block_size)),
         metrics.clone(),
         None,
-        None,
+        Default::default(),
     )?);
     Ok(InProcess { engine, metrics, cfg, format })
 }

@@ -98,6 +98,14 @@ pub struct EngineArgs {
     /// loads them instead of computing them (0: no tier).
     #[arg(long, default_value_t = 0)]
     pub kv_tier_blocks: usize,
+    /// A KV tier on local disk, in this directory (a subdirectory per model): what the host
+    /// tier drops (or, without one, what the cache evicts) is written there and loaded from
+    /// there instead of computed; it is found again after a restart.
+    #[arg(long)]
+    pub kv_tier_disk: Option<std::path::PathBuf>,
+    /// Blocks the disk tier holds at most (least recently used out).
+    #[arg(long, default_value_t = 8192)]
+    pub kv_tier_disk_blocks: usize,
     /// A KV tier the fleet shares, in Redis (`redis://HOST:PORT[/DB]`): every block computed
     /// here is written there, and a prompt's blocks past this replica's cache that any replica
     /// computed are loaded from there instead of computed. Size it with Redis's `maxmemory`

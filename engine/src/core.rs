@@ -100,13 +100,18 @@ impl Engine {
         executor: Box<dyn Executor>,
         metrics: Arc<Metrics>,
         events: Option<KvEventSink>,
-        shared: Option<Arc<dyn crate::kv_tier::BlockSink>>,
+        tiers: crate::kv_tier::Attached,
     ) -> std::io::Result<Engine> {
         let pool = BlockPool::new(info.num_blocks, info.block_size, events.is_some());
         let block_bytes = executor.block_bytes();
         let mut sched = Scheduler::new(sched_cfg, pool);
-        if let Some(s) = shared.filter(|_| info.prefix_caching && block_bytes > 0) {
-            sched.set_sink(s);
+        if info.prefix_caching && block_bytes > 0 {
+            if let Some(d) = tiers.disk {
+                sched.set_disk_tier(d);
+            }
+            if let Some(s) = tiers.shared {
+                sched.set_sink(s);
+            }
         }
         let (tx, rx) = std_mpsc::channel();
         let m = metrics.clone();
@@ -439,8 +444,8 @@ impl EngineLoop {
         let pool = self.sched.pool();
         self.metrics.set_state(self.sched.num_running(), self.sched.num_waiting(), pool.usage());
         self.metrics.set_held_blocks(self.sched.num_held_blocks());
-        if let Some((blocks, st)) = self.sched.tier_state() {
-            self.metrics.set_tier(blocks, &st);
+        for (medium, blocks, st) in self.sched.tier_states() {
+            self.metrics.tiers.set(medium, blocks, &st);
         }
         if let Some(sink) = &self.events {
             let events = self.sched.pool_mut().take_events();

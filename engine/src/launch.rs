@@ -105,8 +105,22 @@ pub async fn launch(args: EngineArgs) -> anyhow::Result<EngineServer> {
         args.kv_blocks,
         info.prefix_caching,
     ));
+    let namespace = crate::kv_tier::namespace(&model_name, args.block_size, executor.block_bytes());
+    let disk = match &args.kv_tier_disk {
+        Some(dir) if info.prefix_caching && args.kv_tier_disk_blocks > 0 => {
+            let dir = dir.join(&namespace);
+            let d = crate::kv_tier::DiskTier::open(&dir, args.kv_tier_disk_blocks)
+                .with_context(|| format!("the disk KV tier {}", dir.display()))?;
+            tracing::info!(dir = %dir.display(), blocks = d.len(), "disk KV tier opened");
+            Some(d)
+        }
+        _ => None,
+    };
     if info.prefix_caching {
-        metrics.set_tier_capacity(args.kv_tier_blocks);
+        metrics.tiers.set_capacity("cpu", args.kv_tier_blocks);
+        if disk.is_some() {
+            metrics.tiers.set_capacity("disk", args.kv_tier_disk_blocks);
+        }
     }
     let (events, kv_events_endpoint, kv_events_replay_endpoint, publisher) = match &args.kv_events_endpoint {
         Some(ep) => {
@@ -127,13 +141,14 @@ pub async fn launch(args: EngineArgs) -> anyhow::Result<EngineServer> {
         kv_tier_blocks: args.kv_tier_blocks,
     };
     let shared = match &args.kv_tier_shared {
-        Some(url) if info.prefix_caching => {
-            Some(shared_tier(&args, url, &model_name, executor.block_bytes(), &metrics)?)
-        }
+        Some(url) if info.prefix_caching => Some(shared_tier(&args, url, &model_name, &namespace, &metrics)?),
         _ => None,
     };
-    let sink = shared.clone().map(|s| s as Arc<dyn crate::kv_tier::BlockSink>);
-    let engine = Arc::new(Engine::start(info, sched, executor, metrics, events, sink)?);
+    let tiers = crate::kv_tier::Attached {
+        disk,
+        shared: shared.clone().map(|s| s as Arc<dyn crate::kv_tier::BlockSink>),
+    };
+    let engine = Arc::new(Engine::start(info, sched, executor, metrics, events, tiers)?);
     let listener = server::bind(SocketAddr::new(args.host, args.port))
         .await
         .with_context(|| format!("binding {}:{}", args.host, args.port))?;
@@ -213,20 +228,17 @@ impl EngineServer {
     }
 }
 
-/// The shared KV tier at `url`, its keys under the namespace given or one derived from what
-/// makes blocks interchangeable: the model, the block size and the block's bytes.
+/// The shared KV tier at `url`, its keys under the namespace given or `namespace` (what makes
+/// blocks interchangeable: [`crate::kv_tier::namespace`]).
 fn shared_tier(
     args: &EngineArgs,
     url: &str,
     model: &str,
-    block_bytes: usize,
+    namespace: &str,
     metrics: &Metrics,
 ) -> anyhow::Result<Arc<crate::kv_tier::SharedTier>> {
     use crate::kv_tier::{SharedConfig, SharedMetrics, SharedTier};
-    let namespace = args.kv_tier_shared_namespace.clone().unwrap_or_else(|| {
-        let id = format!("{model}/{}/{block_bytes}", args.block_size);
-        format!("warmpath:kv:{:016x}", xxhash_rust::xxh3::xxh3_64(id.as_bytes()))
-    });
+    let namespace = args.kv_tier_shared_namespace.clone().unwrap_or_else(|| namespace.to_owned());
     let cfg = SharedConfig {
         url: url.to_owned(),
         namespace,

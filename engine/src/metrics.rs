@@ -51,10 +51,8 @@ pub struct Metrics {
     decode: prometheus::Histogram,
     /// Prefill/decode K/V transfers ([`crate::kv_transfer`]).
     pub transfer: crate::kv_transfer::TransferMetrics,
-    tier_blocks: Gauge,
-    tier_capacity: Gauge,
-    tier_events: CounterVec,
-    tier_hits: prometheus::Counter,
+    /// The replica's own KV tiers (host memory, disk) ([`crate::kv_tier`]).
+    pub tiers: crate::kv_tier::TierMetrics,
 }
 
 impl std::fmt::Debug for Metrics {
@@ -127,27 +125,8 @@ impl Metrics {
             &["model_name", "engine", "position"],
         )?;
         registry.register(Box::new(spec_accepted_per_pos.clone()))?;
-        let tier_events = CounterVec::new(
-            Opts::new(
-                "warmpath_engine_kv_tier_events_total",
-                "Blocks of the host-memory KV tier: stored (evicted from the pool), loaded (into a prompt), \
-                 evicted (dropped for room), corrupt (failed their checksum, never loaded)",
-            ),
-            &["model_name", "engine", "event"],
-        )?;
-        registry.register(Box::new(tier_events.clone()))?;
         Ok(Metrics {
-            tier_blocks: gauge("warmpath_engine_kv_tier_blocks", "Blocks held in the host-memory KV tier")?,
-            tier_capacity: gauge(
-                "warmpath_engine_kv_tier_capacity_blocks",
-                "Blocks the host-memory KV tier holds at most (routers add them to the cache's capacity)",
-            )?,
-            tier_hits: counter(
-                "warmpath_engine_kv_tier_hit_tokens_total",
-                "Prompt tokens loaded from the host-memory KV tier instead of computed (also counted in \
-                 vllm:prefix_cache_hits_total)",
-            )?,
-            tier_events,
+            tiers: crate::kv_tier::TierMetrics::register(&registry, model_name, engine)?,
             running: gauge("vllm:num_requests_running", "Number of requests in model execution batches")?,
             waiting: gauge("vllm:num_requests_waiting", "Number of requests waiting to be processed")?,
             kv_usage: gauge("vllm:kv_cache_usage_perc", "KV-cache usage. 1 means 100 percent usage")?,
@@ -226,25 +205,6 @@ impl Metrics {
         self.kv_usage_legacy.set(kv_usage);
     }
 
-    /// The host-memory tier's capacity, in blocks of the cache's size.
-    pub fn set_tier_capacity(&self, blocks: usize) {
-        self.tier_capacity.set(blocks as f64);
-    }
-
-    /// The host-memory tier's size and what it did since the last call.
-    pub fn set_tier(&self, blocks: usize, st: &crate::kv_tier::TierStats) {
-        self.tier_blocks.set(blocks as f64);
-        for (event, n) in
-            [("stored", st.stored), ("loaded", st.loaded), ("evicted", st.evicted), ("corrupt", st.corrupt)]
-        {
-            if n > 0 {
-                self.tier_events
-                    .with_label_values(&[self.model_name.as_str(), self.engine.as_str(), event])
-                    .inc_by(n as f64);
-            }
-        }
-    }
-
     /// Blocks held for decode replicas to fetch.
     pub fn set_held_blocks(&self, n: usize) {
         self.transfer.held.set(n as f64);
@@ -253,7 +213,7 @@ impl Metrics {
     pub fn add_stats(&self, s: &StepStats) {
         self.prefix_queries.inc_by(s.prefix_queries as f64);
         self.prefix_hits.inc_by(s.prefix_hits as f64);
-        self.tier_hits.inc_by(s.tier_hit_tokens as f64);
+        self.tiers.hits.inc_by(s.tier_hit_tokens as f64);
         self.prompt_tokens.inc_by(s.prompt_tokens as f64);
         self.generation_tokens.inc_by(s.generation_tokens as f64);
         self.preemptions.inc_by(s.preemptions as f64);

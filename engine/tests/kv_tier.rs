@@ -1,5 +1,6 @@
-//! The host-memory KV tier end to end: blocks evicted from a small cache come back from the
-//! tier instead of being computed, with the same answer; a full tier keeps only the newest.
+//! The replica's own KV tiers end to end: blocks evicted from a small cache come back from host
+//! memory or disk instead of being computed, with the same answer; a full tier keeps only the
+//! newest; the disk tier's blocks are found again by a restarted replica.
 
 mod common;
 
@@ -81,4 +82,58 @@ async fn resetting_the_prefix_cache_empties_the_tier_too() {
     assert_eq!(s, 200);
     let again = complete(&e, &a).await;
     assert_eq!(again["usage"]["prompt_tokens_details"]["cached_tokens"], 0, "{again}");
+}
+
+fn tier_dir(name: &str) -> std::path::PathBuf {
+    let d = std::env::temp_dir().join(format!("wp-kv-disk-{}-{name}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&d);
+    d
+}
+
+fn with_disk(kv_blocks: usize, host: usize, dir: &std::path::Path) -> EngineArgs {
+    let mut a = args(kv_blocks, host);
+    a.kv_tier_disk = Some(dir.to_owned());
+    a.kv_tier_disk_blocks = 64;
+    a
+}
+
+#[tokio::test]
+async fn blocks_evicted_to_disk_come_back_with_the_same_answer() {
+    // Disk alone, and disk below a host tier of four blocks (what host memory drops goes there).
+    for host in [0, 4] {
+        let dir = tier_dir(&format!("alone-{host}"));
+        let e = start(with_disk(16, host, &dir)).await;
+        let (first, again) = evict_and_return(&e).await;
+        assert_eq!(again["choices"][0]["text"], first["choices"][0]["text"]);
+        assert_eq!(again["usage"]["prompt_tokens_details"]["cached_tokens"], 96, "host = {host}: {again}");
+        let m = get(e.addr, "/metrics").await.1;
+        let disk_loads = m
+            .lines()
+            .filter(|l| l.starts_with("warmpath_engine_kv_tier_events_total{"))
+            .filter(|l| l.contains("\"disk\"") && l.contains("\"loaded\""))
+            .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+            .sum::<f64>();
+        assert_eq!(disk_loads, 6.0, "host = {host}: {m}");
+        assert_eq!(series(&m, "warmpath_engine_kv_tier_capacity_blocks", "\"disk\""), 64.0);
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+}
+
+#[tokio::test]
+async fn a_restarted_replica_finds_its_disk_tier_again() {
+    let dir = tier_dir("restart");
+    let a = prompt(100, 1);
+    let first = {
+        let e = start(with_disk(16, 0, &dir)).await;
+        let first = complete(&e, &a).await;
+        for k in 2..6 {
+            complete(&e, &prompt(100, k)).await;
+        }
+        first
+    };
+    let e = start(with_disk(16, 0, &dir)).await;
+    let again = complete(&e, &a).await;
+    assert_eq!(again["usage"]["prompt_tokens_details"]["cached_tokens"], 96, "{again}");
+    assert_eq!(again["choices"][0]["text"], first["choices"][0]["text"]);
+    let _ = std::fs::remove_dir_all(&dir);
 }

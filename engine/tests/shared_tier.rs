@@ -136,3 +136,20 @@ async fn a_full_redis_rejects_the_writes_and_serving_goes_on() {
     assert_eq!(cached(&again), 0);
     assert_eq!(again["choices"][0]["text"], first["choices"][0]["text"]);
 }
+
+#[tokio::test]
+async fn a_replica_whose_cache_was_reset_writes_its_blocks_again() {
+    // The fleet's tier emptied and the replica's cache reset (as between benchmark runs): it
+    // must not take the blocks for written still.
+    let redis = RedisServer::start();
+    let a = start(args(&redis.url())).await;
+    let p = prompt(100, 7);
+    complete(&a, &p).await;
+    written(&a, 6.0).await;
+    assert_eq!(redis.cli(&["FLUSHALL"]), "OK");
+    assert_eq!(post(a.addr, "/reset_prefix_cache", "").await.0, 200);
+    complete(&a, &p).await;
+    written(&a, 12.0).await;
+    let b = start(args(&redis.url())).await;
+    assert_eq!(cached(&complete(&b, &p).await), 96);
+}

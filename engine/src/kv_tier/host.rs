@@ -26,6 +26,8 @@ pub struct TierStats {
     pub evicted: u64,
     /// Found damaged (checksum) and dropped, not loaded.
     pub corrupt: u64,
+    /// Not written or not read: the medium failed (a disk tier's directory gone or full).
+    pub failed: u64,
 }
 
 /// Blocks kept in host memory, by hash.
@@ -72,18 +74,22 @@ impl HostTier {
         }
     }
 
-    /// Keeps `data` under `hash`, dropping the least recently used block when full.
-    pub fn put(&mut self, hash: BlockHash, data: Vec<u8>) {
+    /// Keeps `data` under `hash`, dropping the least recently used block when full; returns the
+    /// blocks dropped (for a tier below this one).
+    pub fn put(&mut self, hash: BlockHash, data: Vec<u8>) -> Vec<(BlockHash, Vec<u8>)> {
+        let mut dropped = Vec::new();
         if self.capacity == 0 || data.is_empty() {
-            return;
+            return dropped;
         }
         if self.entries.contains_key(&hash) {
             self.bump(hash);
-            return;
+            return dropped;
         }
         while self.entries.len() >= self.capacity {
             let Some((_, old)) = self.order.pop_first() else { break };
-            self.entries.remove(&old);
+            if let Some(e) = self.entries.remove(&old) {
+                dropped.push((old, e.data));
+            }
             self.stats.evicted += 1;
         }
         self.tick += 1;
@@ -91,6 +97,7 @@ impl HostTier {
         self.entries.insert(hash, Entry { data, sum, tick: self.tick });
         self.order.insert(self.tick, hash);
         self.stats.stored += 1;
+        dropped
     }
 
     /// The bytes kept under `hash`, checked; a damaged block is dropped and `None` returned.
@@ -132,9 +139,9 @@ mod tests {
         t.put(1, vec![1]);
         t.put(2, vec![2]);
         assert_eq!(t.get(1), Some(&[1u8][..]), "1 is now the newer");
-        t.put(3, vec![3]);
+        assert_eq!(t.put(3, vec![3]), vec![(2, vec![2])], "what it drops, for the tier below");
         assert!(t.contains(1) && t.contains(3) && !t.contains(2));
-        assert_eq!(t.take_stats(), TierStats { stored: 3, loaded: 1, evicted: 1, corrupt: 0 });
+        assert_eq!(t.take_stats(), TierStats { stored: 3, loaded: 1, evicted: 1, ..TierStats::default() });
     }
 
     #[test]

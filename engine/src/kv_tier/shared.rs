@@ -256,6 +256,12 @@ impl BlockSink for SharedTier {
             Err(_) => self.metrics.count("dropped", 1),
         }
     }
+
+    fn forget(&self) {
+        let mut recent = self.recent.lock().unwrap_or_else(|e| e.into_inner());
+        recent.now.clear();
+        recent.before.clear();
+    }
 }
 
 /// Writes what the scheduler offers, in batches, until the tier is dropped.

@@ -21,7 +21,7 @@ use warmpath_wire::prefix::extend_block_hashes;
 
 use crate::block_pool::{BlockId, BlockPool};
 use crate::executor::{Executor, SeqStep};
-use crate::kv_tier::{BlockSink, HostTier};
+use crate::kv_tier::{BlockSink, LocalTiers};
 use crate::spec::{Drafter, SpecConfig, MAX_SPECULATIVE_TOKENS};
 pub use sequence::{FinishTimings, SamplingParams, SeqOutput, Sequence, StepStats};
 
@@ -49,8 +49,8 @@ pub struct Scheduler {
     /// Finished requests' blocks kept for another replica to fetch, by request id, with when
     /// they are freed at the latest.
     held: HashMap<u64, (Vec<BlockId>, Instant)>,
-    /// The second tier evicted blocks go to, where there is one.
-    tier: Option<HostTier>,
+    /// The tiers evicted blocks go to (host memory, disk), where there are any.
+    tier: Option<LocalTiers>,
     /// Where computed blocks are written through (the shared tier), where there is one.
     sink: Option<std::sync::Arc<dyn BlockSink>>,
     /// Blocks computed in this step, to offer the sink once the step is done.
@@ -60,10 +60,10 @@ pub struct Scheduler {
 impl Scheduler {
     pub fn new(cfg: SchedulerConfig, pool: BlockPool) -> Scheduler {
         let mut pool = pool;
-        let tier = (cfg.kv_tier_blocks > 0 && cfg.enable_prefix_caching).then(|| {
+        let tier = LocalTiers::new(cfg.kv_tier_blocks, None).filter(|_| cfg.enable_prefix_caching);
+        if tier.is_some() {
             pool.keep_evictions();
-            HostTier::new(cfg.kv_tier_blocks)
-        });
+        }
         Scheduler {
             cfg,
             pool,

@@ -333,7 +333,8 @@ fn a_tier_block_that_fails_its_check_is_computed_not_loaded() {
     assert!(hashes[..3].iter().all(|&h| tier.contains(h)), "evicted into the tier");
     tier.damage(hashes[1]);
     assert_eq!(run(&mut s, &mut ex, 4, a.clone()), 4, "the first block loads; the damaged one is computed");
-    let (_, st) = s.tier_state().expect("a tier");
+    let (medium, _, st) = s.tier_states().pop().expect("a tier");
+    assert_eq!(medium, "cpu");
     assert_eq!((st.loaded, st.corrupt), (1, 1));
     // What the pool holds for the prompt now is what was computed: its tokens (sim K/V).
     let b = s.pool().find_cached_prefix(&hashes, 3);

@@ -8,10 +8,10 @@ use warmpath_wire::prefix::BlockHash;
 use super::Scheduler;
 use crate::block_pool::BlockId;
 use crate::executor::Executor;
-use crate::kv_tier::{BlockSink, HostTier, TierStats};
+use crate::kv_tier::{BlockSink, DiskTier, LocalTiers, TierStats};
 
 /// How many of `hashes`, from the start, `tier` holds.
-pub(super) fn run(tier: Option<&HostTier>, hashes: &[BlockHash]) -> usize {
+pub(super) fn run(tier: Option<&LocalTiers>, hashes: &[BlockHash]) -> usize {
     tier.map_or(0, |t| hashes.iter().take_while(|&&h| t.contains(h)).count())
 }
 
@@ -44,10 +44,10 @@ impl Scheduler {
         let Some(tier) = &mut self.tier else { return 0 };
         let mut n = 0;
         for (&h, &b) in hashes.iter().zip(blocks) {
-            match tier.get(h) {
-                Some(data) if exec.write_block(b, data) => n += 1,
-                _ => break,
+            if !tier.load(h, &mut |data| exec.write_block(b, data)) {
+                break;
             }
+            n += 1;
         }
         if n > 0 {
             let bs = self.pool.block_size();
@@ -72,16 +72,28 @@ impl Scheduler {
         }
     }
 
-    /// Blocks the tier holds, and what it did since the last call; `None` without a tier.
-    pub fn tier_state(&mut self) -> Option<(usize, TierStats)> {
-        self.tier.as_mut().map(|t| (t.len(), t.take_stats()))
+    /// Puts `disk` below the host tier (or below the pool, where there is none).
+    pub fn set_disk_tier(&mut self, disk: DiskTier) {
+        if self.cfg.enable_prefix_caching {
+            self.pool.keep_evictions();
+            self.tier = LocalTiers::new(self.cfg.kv_tier_blocks, Some(disk));
+        }
     }
 
-    /// Forgets every cached prefix, in the pool and in the tier.
+    /// Per medium (`cpu`, `disk`), blocks held and what it did since the last call.
+    pub fn tier_states(&mut self) -> Vec<(&'static str, usize, TierStats)> {
+        self.tier.as_mut().map(LocalTiers::states).unwrap_or_default()
+    }
+
+    /// Forgets every cached prefix, in the pool and the replica's own tiers (the shared tier
+    /// is the fleet's: only what this replica remembers writing there is forgotten).
     pub fn reset_prefix_cache(&mut self) {
         self.pool.reset_prefix_cache();
         if let Some(t) = &mut self.tier {
-            *t = HostTier::new(self.cfg.kv_tier_blocks);
+            t.reset();
+        }
+        if let Some(s) = &self.sink {
+            s.forget();
         }
     }
 }

@@ -30,8 +30,9 @@ pub struct Scraped {
     pub kv_usage: Option<f64>,
     /// `num_gpu_blocks` and `block_size` of `vllm:cache_config_info`.
     pub kv_blocks: Option<u64>,
-    /// The bundled engine's host-memory KV tier (`warmpath_engine_kv_tier_capacity_blocks`):
-    /// blocks it evicts stay loadable there, so they count as held.
+    /// The bundled engine's own KV tiers, host memory and disk together
+    /// (`warmpath_engine_kv_tier_capacity_blocks`): blocks it evicts stay loadable there, so
+    /// they count as held.
     pub tier_blocks: Option<u64>,
     pub kv_block_size: Option<u64>,
     /// `vllm:prompt_tokens_total`: prompt tokens of every request it took.
@@ -88,7 +89,10 @@ pub fn parse(text: &str) -> Scraped {
                 s.kv_blocks = m.label("num_gpu_blocks").and_then(|x| x.parse().ok()).or(s.kv_blocks);
                 s.kv_block_size = m.label("block_size").and_then(|x| x.parse().ok()).or(s.kv_block_size);
             }
-            "warmpath_engine_kv_tier_capacity_blocks" => s.tier_blocks = Some(v.max(0.0) as u64),
+            // One series per medium (host memory, disk).
+            "warmpath_engine_kv_tier_capacity_blocks" => {
+                s.tier_blocks = Some(s.tier_blocks.unwrap_or(0) + v.max(0.0) as u64)
+            }
             // Its KV capacity in tokens: blocks of one.
             "sglang:max_total_num_tokens" => {
                 s.kv_blocks = Some(s.kv_blocks.unwrap_or(0) + v.max(0.0) as u64);
