@@ -56,6 +56,18 @@ impl Context<'_> {
                     ", each with a host-memory KV tier of {t} blocks (evicted blocks kept there and loaded at {} µs a block)",
                     a.engine.kv_load_us_per_block
                 ),
+            } + &match (a.engine.kv_tier_shared, a.engine.kv_tier_shared_mib) {
+                (false, _) => String::new(),
+                (true, 0) => format!(
+                    ", sharing a KV tier in one redis-server, unbounded (every computed block written there; \
+                     a loaded block costs {} µs)",
+                    a.engine.kv_load_us_per_block
+                ),
+                (true, m) => format!(
+                    ", sharing a KV tier in one redis-server of {m} MiB, least recently used keys out (every \
+                     computed block written there; a loaded block costs {} µs)",
+                    a.engine.kv_load_us_per_block
+                ),
             },
             a.engine.prefill_us_per_token,
             a.engine.itl_ms,

@@ -9,13 +9,13 @@
 //! goes away or a disk that fills costs only the tier: the write fails (counted), the prompt
 //! is computed.
 
-use std::collections::{BTreeMap, HashMap};
 use std::fs;
 use std::io::Write;
 use std::path::{Path, PathBuf};
 
 use warmpath_wire::prefix::BlockHash;
 
+use super::lru::Lru;
 use super::shared::{pack, unpack};
 use super::TierStats;
 
@@ -23,11 +23,8 @@ use super::TierStats;
 pub struct DiskTier {
     dir: PathBuf,
     capacity: usize,
-    /// Per block, when it was last stored or loaded: its place in `order`.
-    entries: HashMap<BlockHash, u64>,
-    /// Least recently used first.
-    order: BTreeMap<u64, BlockHash>,
-    tick: u64,
+    /// The blocks it has files for.
+    lru: Lru,
     stats: TierStats,
 }
 
@@ -45,20 +42,14 @@ impl DiskTier {
             found.push((at, hash));
         }
         found.sort();
-        let mut t = DiskTier {
-            dir: dir.to_owned(),
-            capacity,
-            entries: HashMap::new(),
-            order: BTreeMap::new(),
-            tick: 0,
-            stats: TierStats::default(),
-        };
+        let mut t =
+            DiskTier { dir: dir.to_owned(), capacity, lru: Lru::default(), stats: TierStats::default() };
         let extra = found.len().saturating_sub(capacity);
         for (_, h) in &found[..extra] {
             let _ = fs::remove_file(t.path(*h));
         }
         for (_, h) in &found[extra..] {
-            t.note(*h);
+            t.lru.touch(*h);
         }
         Ok(t)
     }
@@ -67,32 +58,21 @@ impl DiskTier {
         self.dir.join(format!("{h:016x}.kv"))
     }
 
-    /// Makes `h` the most recently used (adding it).
-    fn note(&mut self, h: BlockHash) {
-        self.tick += 1;
-        if let Some(old) = self.entries.insert(h, self.tick) {
-            self.order.remove(&old);
-        }
-        self.order.insert(self.tick, h);
-    }
-
     fn forget(&mut self, h: BlockHash) {
-        if let Some(t) = self.entries.remove(&h) {
-            self.order.remove(&t);
-        }
+        self.lru.remove(h);
         let _ = fs::remove_file(self.path(h));
     }
 
     pub fn len(&self) -> usize {
-        self.entries.len()
+        self.lru.len()
     }
 
     pub fn is_empty(&self) -> bool {
-        self.entries.is_empty()
+        self.lru.len() == 0
     }
 
     pub fn contains(&self, h: BlockHash) -> bool {
-        self.entries.contains_key(&h)
+        self.lru.contains(h)
     }
 
     /// Writes `data` under `h`, dropping the least recently used block when full. A write that
@@ -101,13 +81,12 @@ impl DiskTier {
         if self.capacity == 0 || data.is_empty() {
             return;
         }
-        if self.entries.contains_key(&h) {
-            self.note(h);
+        if self.lru.contains(h) {
+            self.lru.touch(h);
             return;
         }
-        while self.entries.len() >= self.capacity {
-            let Some((_, old)) = self.order.pop_first() else { break };
-            self.entries.remove(&old);
+        while self.lru.len() >= self.capacity {
+            let Some(old) = self.lru.pop_oldest() else { break };
             let _ = fs::remove_file(self.path(old));
             self.stats.evicted += 1;
         }
@@ -118,7 +97,7 @@ impl DiskTier {
             .and_then(|()| fs::rename(&tmp, &path));
         match written {
             Ok(()) => {
-                self.note(h);
+                self.lru.touch(h);
                 self.stats.stored += 1;
             }
             Err(e) => {
@@ -132,7 +111,7 @@ impl DiskTier {
     /// The bytes kept under `h`, checked; a damaged or missing file is forgotten and `None`
     /// returned.
     pub fn get(&mut self, h: BlockHash) -> Option<Vec<u8>> {
-        if !self.entries.contains_key(&h) {
+        if !self.lru.contains(h) {
             return None;
         }
         let data = match fs::read(self.path(h)) {
@@ -145,7 +124,7 @@ impl DiskTier {
         };
         match data {
             Some(d) => {
-                self.note(h);
+                self.lru.touch(h);
                 self.stats.loaded += 1;
                 Some(d)
             }
@@ -164,10 +143,9 @@ impl DiskTier {
 
     /// Deletes every block.
     pub fn clear(&mut self) {
-        for h in self.entries.keys().copied().collect::<Vec<_>>() {
+        for h in self.lru.blocks() {
             self.forget(h);
         }
-        self.tick = 0;
     }
 }
 

@@ -5,16 +5,16 @@
 //! Bounded (`--kv-tier-blocks`), least recently used first out. Every block keeps the xxh3 of
 //! its bytes; one that no longer matches is dropped and never loaded (the prompt computes it).
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::HashMap;
 
 use warmpath_wire::prefix::BlockHash;
 use xxhash_rust::xxh3::xxh3_64;
 
+use super::lru::Lru;
+
 struct Entry {
     data: Vec<u8>,
     sum: u64,
-    /// When it was last stored or loaded: its place in `order`.
-    tick: u64,
 }
 
 /// What the tier did since it was last asked ([`HostTier::take_stats`]).
@@ -34,22 +34,14 @@ pub struct TierStats {
 pub struct HostTier {
     capacity: usize,
     entries: HashMap<BlockHash, Entry>,
-    /// Least recently used first.
-    order: BTreeMap<u64, BlockHash>,
-    tick: u64,
+    lru: Lru,
     stats: TierStats,
 }
 
 impl HostTier {
     /// A tier of at most `capacity` blocks.
     pub fn new(capacity: usize) -> HostTier {
-        HostTier {
-            capacity,
-            entries: HashMap::new(),
-            order: BTreeMap::new(),
-            tick: 0,
-            stats: TierStats::default(),
-        }
+        HostTier { capacity, entries: HashMap::new(), lru: Lru::default(), stats: TierStats::default() }
     }
 
     pub fn len(&self) -> usize {
@@ -64,16 +56,6 @@ impl HostTier {
         self.entries.contains_key(&hash)
     }
 
-    /// Makes `hash` the most recently used.
-    fn bump(&mut self, hash: BlockHash) {
-        self.tick += 1;
-        if let Some(e) = self.entries.get_mut(&hash) {
-            self.order.remove(&e.tick);
-            e.tick = self.tick;
-            self.order.insert(self.tick, hash);
-        }
-    }
-
     /// Keeps `data` under `hash`, dropping the least recently used block when full; returns the
     /// blocks dropped (for a tier below this one).
     pub fn put(&mut self, hash: BlockHash, data: Vec<u8>) -> Vec<(BlockHash, Vec<u8>)> {
@@ -82,20 +64,19 @@ impl HostTier {
             return dropped;
         }
         if self.entries.contains_key(&hash) {
-            self.bump(hash);
+            self.lru.touch(hash);
             return dropped;
         }
         while self.entries.len() >= self.capacity {
-            let Some((_, old)) = self.order.pop_first() else { break };
+            let Some(old) = self.lru.pop_oldest() else { break };
             if let Some(e) = self.entries.remove(&old) {
                 dropped.push((old, e.data));
             }
             self.stats.evicted += 1;
         }
-        self.tick += 1;
         let sum = xxh3_64(&data);
-        self.entries.insert(hash, Entry { data, sum, tick: self.tick });
-        self.order.insert(self.tick, hash);
+        self.entries.insert(hash, Entry { data, sum });
+        self.lru.touch(hash);
         self.stats.stored += 1;
         dropped
     }
@@ -104,13 +85,12 @@ impl HostTier {
     pub fn get(&mut self, hash: BlockHash) -> Option<&[u8]> {
         let e = self.entries.get(&hash)?;
         if xxh3_64(&e.data) != e.sum {
-            if let Some(e) = self.entries.remove(&hash) {
-                self.order.remove(&e.tick);
-            }
+            self.entries.remove(&hash);
+            self.lru.remove(hash);
             self.stats.corrupt += 1;
             return None;
         }
-        self.bump(hash);
+        self.lru.touch(hash);
         self.stats.loaded += 1;
         self.entries.get(&hash).map(|e| e.data.as_slice())
     }

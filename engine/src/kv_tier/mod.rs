@@ -13,6 +13,7 @@
 pub mod disk;
 pub mod host;
 pub mod local;
+mod lru;
 mod metrics;
 pub mod shared;
 
