@@ -288,7 +288,8 @@ mod tests {
             vllm:prefix_cache_queries_total{engine=\"1\"} 60\n\
             vllm:prefix_cache_hits_total{engine=\"0\"} 40\n\
             vllm:cache_config_info{block_size=\"16\",cache_dtype=\"auto\",num_gpu_blocks=\"2048\"} 1.0\n\
-            warmpath_engine_kv_tier_capacity_blocks{engine=\"0\"} 8192\n\
+            warmpath_engine_kv_tier_capacity_blocks{engine=\"0\",medium=\"cpu\"} 8192\n\
+            warmpath_engine_kv_tier_capacity_blocks{engine=\"0\",medium=\"disk\"} 1000\n\
             vllm:num_requests_running_other 100\n";
         let s = parse(text);
         assert_eq!(
@@ -299,7 +300,7 @@ mod tests {
                 kv_usage: Some(0.25),
                 kv_blocks: Some(2048),
                 kv_block_size: Some(16),
-                tier_blocks: Some(8192),
+                tier_blocks: Some(9192),
                 prompt_tokens: None,
                 prefix_hits: Some(40.0),
                 prefix_queries: Some(160.0),
