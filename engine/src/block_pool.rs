@@ -228,7 +228,9 @@ impl BlockPool {
         self.ref_cnt[b as usize]
     }
 
-    fn emit(&mut self, ev: KvEvent) {
+    /// Queues `ev` for [`BlockPool::take_events`] where events are recorded (also the tiers':
+    /// blocks stored in or dropped from host memory or disk).
+    pub fn emit(&mut self, ev: KvEvent) {
         if let Some(events) = &mut self.events {
             events.push(ev);
         }

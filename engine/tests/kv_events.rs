@@ -19,6 +19,26 @@ async fn next_events(sub: &mut zeromq::SubSocket, wait: Duration) -> Option<(u64
     Some((seq, decode_batch(&frames[2]).expect("vLLM batch").events))
 }
 
+/// A subscriber to `e`'s events once the subscription has reached the publisher (`warm`'s
+/// events come back; a ZMQ subscription takes a moment), the events before now drained.
+async fn live_subscriber(e: &TestEngine, warm: &[u32]) -> zeromq::SubSocket {
+    let mut sub = zeromq::SubSocket::new();
+    sub.connect(&e.kv_events.clone().expect("bound endpoint")).await.expect("connect");
+    sub.subscribe("").await.expect("subscribe");
+    let mut live = false;
+    for _ in 0..50 {
+        let body = json!({"model": "micro", "prompt": warm, "max_tokens": 1});
+        assert_eq!(post_json(e.addr, "/v1/completions", body).await.0, 200);
+        if next_events(&mut sub, Duration::from_millis(200)).await.is_some() {
+            live = true;
+            break;
+        }
+    }
+    assert!(live, "the subscription is live");
+    while next_events(&mut sub, Duration::from_millis(100)).await.is_some() {}
+    sub
+}
+
 #[tokio::test]
 async fn subscriber_sees_stored_then_removed_blocks() {
     let mut args = warmpath_engine::config::EngineArgs::for_tests("micro");
@@ -152,22 +172,7 @@ async fn blocks_a_decode_replica_loads_are_announced_as_stored() {
     let mut da = warmpath_engine::config::EngineArgs::for_tests("micro");
     da.kv_events_endpoint = Some("tcp://127.0.0.1:0".into());
     let d = start(da).await;
-    let mut sub = zeromq::SubSocket::new();
-    sub.connect(&d.kv_events.clone().expect("bound endpoint")).await.expect("connect");
-    sub.subscribe("").await.expect("subscribe");
-    // Until the subscription has reached the publisher (a warm-up prompt's events come back).
-    let warm: Vec<u32> = (5000..5040).collect();
-    let mut live = false;
-    for _ in 0..50 {
-        let body = json!({"model": "micro", "prompt": warm, "max_tokens": 1});
-        assert_eq!(post_json(d.addr, "/v1/completions", body).await.0, 200);
-        if next_events(&mut sub, Duration::from_millis(200)).await.is_some() {
-            live = true;
-            break;
-        }
-    }
-    assert!(live, "the subscription is live");
-    while next_events(&mut sub, Duration::from_millis(100)).await.is_some() {}
+    let mut sub = live_subscriber(&d, &(5000..5040).collect::<Vec<u32>>()).await;
 
     let prompt: Vec<u32> = (700..800).collect();
     let body = json!({"model": "micro", "prompt": prompt, "max_tokens": 1, "stream": false,
@@ -191,4 +196,47 @@ async fn blocks_a_decode_replica_loads_are_announced_as_stored() {
     let (hashes, tokens) = stored.first().expect("a BlockStored for the loaded blocks").clone();
     assert_eq!(hashes, want[..6].to_vec());
     assert_eq!(tokens, prompt[..96].to_vec());
+}
+
+#[tokio::test]
+async fn blocks_the_cache_evicts_into_its_host_tier_are_announced_with_their_medium() {
+    // vLLM's offloading events: the cache's BlockRemoved (GPU), then the tier's BlockStored
+    // (CPU), so a router following them keeps the blocks as held.
+    let mut args = warmpath_engine::config::EngineArgs::for_tests("micro");
+    args.kv_blocks = 12;
+    args.kv_tier_blocks = 64;
+    args.kv_events_endpoint = Some("tcp://127.0.0.1:0".into());
+    let e = start(args).await;
+    let first: Vec<u32> = (100..150).collect();
+    let mut sub = live_subscriber(&e, &first).await;
+    // Two more 3-block prompts push the first out of the 12-block cache.
+    for k in 1..4u32 {
+        let other: Vec<u32> = (1000 * k..1000 * k + 50).collect();
+        let body = json!({"model": "micro", "prompt": other, "max_tokens": 1});
+        assert_eq!(post_json(e.addr, "/v1/completions", body).await.0, 200);
+    }
+    let want = block_hashes(&first, 16, None);
+    let (mut removed, mut offloaded) = (Vec::new(), Vec::new());
+    while let Some((_, events)) = next_events(&mut sub, Duration::from_millis(500)).await {
+        for ev in events {
+            match ev {
+                KvEvent::BlockRemoved { block_hashes, medium } if medium.as_deref() == Some("GPU") => {
+                    removed.extend(block_hashes)
+                }
+                KvEvent::BlockStored { block_hashes, token_ids, medium, .. }
+                    if medium.as_deref() == Some("CPU") =>
+                {
+                    assert!(token_ids.is_empty(), "a tier's store names its blocks only");
+                    // Announced after the cache's removal of the same blocks.
+                    assert!(block_hashes.iter().all(|h| removed.contains(h)), "removed first");
+                    offloaded.extend(block_hashes)
+                }
+                _ => {}
+            }
+        }
+    }
+    assert!(
+        want.iter().all(|h| offloaded.contains(h)),
+        "the first prompt's blocks went to the tier: {offloaded:?}"
+    );
 }

@@ -75,20 +75,23 @@ impl DiskTier {
         self.lru.contains(h)
     }
 
-    /// Writes `data` under `h`, dropping the least recently used block when full. A write that
-    /// fails (the directory gone, the disk full) is counted and leaves nothing behind.
-    pub fn put(&mut self, h: BlockHash, data: &[u8]) {
+    /// Writes `data` under `h`, dropping the least recently used block when full; returns the
+    /// blocks dropped. A write that fails (the directory gone, the disk full) is counted and
+    /// leaves nothing behind.
+    pub fn put(&mut self, h: BlockHash, data: &[u8]) -> Vec<BlockHash> {
+        let mut dropped = Vec::new();
         if self.capacity == 0 || data.is_empty() {
-            return;
+            return dropped;
         }
         if self.lru.contains(h) {
             self.lru.touch(h);
-            return;
+            return dropped;
         }
         while self.lru.len() >= self.capacity {
             let Some(old) = self.lru.pop_oldest() else { break };
             let _ = fs::remove_file(self.path(old));
             self.stats.evicted += 1;
+            dropped.push(old);
         }
         // Written whole under a temporary name, then renamed: a crash leaves no half block.
         let (tmp, path) = (self.dir.join(format!("{h:016x}.tmp")), self.path(h));
@@ -106,6 +109,7 @@ impl DiskTier {
                 self.stats.failed += 1;
             }
         }
+        dropped
     }
 
     /// The bytes kept under `h`, checked; a damaged or missing file is forgotten and `None`

@@ -3,6 +3,7 @@
 //! where the pool's cached prefix ends and the tier's continues. Blocks computed here are
 //! offered to the shared tier ([`crate::kv_tier::shared`]) once the step that filled them is done.
 
+use warmpath_wire::kv_events::KvEvent;
 use warmpath_wire::prefix::BlockHash;
 
 use super::Scheduler;
@@ -25,6 +26,23 @@ impl Scheduler {
                 let mut data = Vec::with_capacity(exec.block_bytes());
                 exec.read_block(b, &mut data);
                 tier.put(h, data);
+            }
+            // As vLLM's offloading announces them: the pool's own removals say GPU, these the
+            // tier's medium, so that a router keeps what a tier holds.
+            let bs = self.pool.block_size() as u32;
+            for c in tier.take_changes() {
+                let medium = Some(c.medium.to_owned());
+                self.pool.emit(match c.stored {
+                    true => KvEvent::BlockStored {
+                        block_hashes: c.hashes,
+                        parent_block_hash: None,
+                        token_ids: Vec::new(),
+                        block_size: bs,
+                        lora_id: None,
+                        medium,
+                    },
+                    false => KvEvent::BlockRemoved { block_hashes: c.hashes, medium },
+                });
             }
         }
         got

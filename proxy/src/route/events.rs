@@ -113,6 +113,12 @@ impl Applier {
                     index.insert(self.backend, &ours);
                     n.stored += ours.len() as u64;
                 }
+                // A block leaving a tier (vLLM's `medium` CPU or DISK; the bundled engine's host
+                // memory or disk) may still be in the backend's cache or its other tier: it stays
+                // until the index's bound (the backend's capacity, its tiers' included) ages it
+                // out. A block the cache evicted into a tier comes back with the tier's
+                // BlockStored right after its removal.
+                KvEvent::BlockRemoved { medium: Some(m), .. } if !m.eq_ignore_ascii_case("GPU") => {}
                 KvEvent::BlockRemoved { block_hashes, .. } => {
                     let ours: Vec<u64> =
                         block_hashes.iter().map(|h| self.keys.remove(h).unwrap_or(*h)).collect();
@@ -133,7 +139,8 @@ impl Applier {
     /// blocks of warmpath's size, else the backend's own keys.
     fn our_keys(&mut self, theirs: &[u64], parent: Option<u64>, tokens: &[u32], size: usize) -> Vec<u64> {
         if size != self.block_size || tokens.len() != theirs.len() * size {
-            return theirs.to_vec();
+            // No token ids (a tier's BlockStored): the keys learnt from the cache's own events.
+            return theirs.iter().map(|h| self.keys.get(h).copied().unwrap_or(*h)).collect();
         }
         let mut prev = match parent {
             None => root_hash(None),
@@ -430,6 +437,45 @@ mod tests {
         a.apply(&[KvEvent::BlockRemoved { block_hashes: theirs[1..].to_vec(), medium: None }], &idx);
         assert_eq!(idx.depths(&ours), vec![1]);
         assert_eq!(a.keys.len(), 1);
+    }
+
+    #[test]
+    fn a_block_the_cache_evicts_into_a_tier_stays_held() {
+        let idx = PrefixIndex::new(1, 1000, None);
+        let mut a = Applier::new(0, 16);
+        let tokens: Vec<u32> = (0..48).collect();
+        let ours = block_hashes(&tokens, 16, None);
+        a.apply(&[stored(&tokens, ours.clone(), None)], &idx);
+        let medium = |m: &str| Some(m.to_owned());
+        let tier = |hashes: Vec<u64>, m: &str| KvEvent::BlockStored {
+            block_hashes: hashes,
+            parent_block_hash: None,
+            token_ids: Vec::new(),
+            block_size: 16,
+            lora_id: None,
+            medium: medium(m),
+        };
+        // The bundled engine: the cache's removal, then the host tier's store.
+        a.apply(
+            &[
+                KvEvent::BlockRemoved { block_hashes: ours[1..].to_vec(), medium: medium("GPU") },
+                tier(ours[1..].to_vec(), "CPU"),
+            ],
+            &idx,
+        );
+        assert_eq!(idx.depths(&ours), vec![3], "in host memory");
+        // Leaving host memory for disk: a tier's removal does not take it out.
+        a.apply(
+            &[
+                KvEvent::BlockRemoved { block_hashes: vec![ours[2]], medium: medium("CPU") },
+                tier(vec![ours[2]], "DISK"),
+            ],
+            &idx,
+        );
+        assert_eq!(idx.depths(&ours), vec![3]);
+        // A cache removal with no tier after it does.
+        a.apply(&[KvEvent::BlockRemoved { block_hashes: vec![ours[0]], medium: medium("GPU") }], &idx);
+        assert_eq!(idx.depths(&ours), vec![0]);
     }
 
     #[tokio::test]
