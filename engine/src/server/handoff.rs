@@ -23,7 +23,7 @@ pub async fn prepare(
 ) -> Result<(Option<KvRole>, Handoff), ApiError> {
     let Some(role) = params::parse(extra)? else {
         let loaded = match &state.shared {
-            Some(tier) if choices >= 1 => from_shared(state, tier, prompt, cache_salt).await,
+            Some(tier) => from_shared(state, tier, prompt, cache_salt).await,
             _ => None,
         };
         return Ok((None, Handoff { hold: None, loaded }));
