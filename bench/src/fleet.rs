@@ -42,6 +42,10 @@ pub struct EngineOpts {
     /// A host-memory KV tier on every engine of this many times its KV blocks (0: none).
     #[arg(long, default_value_t = 0.0)]
     pub kv_tier_factor: f64,
+    /// A disk KV tier on every engine of this many times its KV blocks (0: none), in its run
+    /// directory (emptied at start), below the host tier where there is one.
+    #[arg(long, default_value_t = 0.0)]
+    pub kv_tier_disk_factor: f64,
     /// sim: time to load a block from the tier, µs (80: a 2 MiB block over PCIe at 25 GB/s).
     #[arg(long, default_value_t = 80.0)]
     pub kv_load_us_per_block: f64,
@@ -160,7 +164,14 @@ impl Fleet {
             if let Some(r) = &shared {
                 cmd.args(["--kv-tier-shared", &format!("redis://{}", r.addr)]);
             }
-            if (tier > 0 || shared.is_some()) && o.executor == "sim" {
+            let disk = (kv_blocks as f64 * o.kv_tier_disk_factor.max(0.0)).round() as usize;
+            if disk > 0 {
+                let dir = targets::work_dir(&format!("engine-{i}"))?.join("kv-disk");
+                let _ = std::fs::remove_dir_all(&dir);
+                cmd.args(["--kv-tier-disk", &dir.display().to_string()]);
+                cmd.args(["--kv-tier-disk-blocks", &disk.to_string()]);
+            }
+            if (tier > 0 || disk > 0 || shared.is_some()) && o.executor == "sim" {
                 cmd.args(["--sim-kv-load-us-per-block", &o.kv_load_us_per_block.to_string()]);
             }
             engines.push(targets::spawn(&format!("engine-{i}"), &mut cmd, addr)?);

@@ -56,6 +56,13 @@ impl Context<'_> {
                     ", each with a host-memory KV tier of {t} blocks (evicted blocks kept there and loaded at {} µs a block)",
                     a.engine.kv_load_us_per_block
                 ),
+            } + &match (a.engine.kv_tier_disk_factor * self.kv_blocks as f64).round() as usize {
+                0 => String::new(),
+                d => format!(
+                    ", each with a disk KV tier of {d} blocks (a file each, {}; loaded at {} µs a block plus the read)",
+                    if tier > 0 { "below the host tier" } else { "taking what the cache evicts" },
+                    a.engine.kv_load_us_per_block
+                ),
             } + &match (a.engine.kv_tier_shared, a.engine.kv_tier_shared_mib) {
                 (false, _) => String::new(),
                 (true, 0) => format!(
