@@ -50,6 +50,15 @@ pub struct SharedConfig {
     pub queue: usize,
 }
 
+/// Why a call to the tier did not succeed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Failure {
+    /// Redis refused to store for want of memory (`maxmemory` with `noeviction`).
+    Full,
+    /// An error or no answer in time: the tier is skipped for [`DOWN_FOR`].
+    Down,
+}
+
 /// The hashes written lately: the scheduler offers a block again only after they rotate out.
 struct Recent {
     now: HashSet<BlockHash>,
@@ -59,6 +68,11 @@ struct Recent {
 impl Recent {
     fn contains(&self, h: BlockHash) -> bool {
         self.now.contains(&h) || self.before.contains(&h)
+    }
+
+    fn clear(&mut self) {
+        self.now.clear();
+        self.before.clear();
     }
 
     fn insert(&mut self, h: BlockHash) {
@@ -115,24 +129,14 @@ impl SharedTier {
         if let Some(c) = &*held {
             return Some(c.clone());
         }
-        match tokio::time::timeout(self.cfg.timeout, self.client.get_multiplexed_async_connection()).await {
-            Ok(Ok(c)) => {
-                *held = Some(c.clone());
-                Some(c)
-            }
-            Ok(Err(e)) => {
-                tracing::warn!(error = %e, "shared KV tier unreachable: computing instead for {DOWN_FOR:?}");
-                drop(held);
-                self.failed().await;
-                None
-            }
-            Err(_) => {
-                tracing::warn!("shared KV tier did not answer a dial: computing instead for {DOWN_FOR:?}");
-                drop(held);
-                self.failed().await;
-                None
-            }
+        // Dialled under the lock (one dial at a time), judged after it (a failure takes it).
+        let dialled =
+            tokio::time::timeout(self.cfg.timeout, self.client.get_multiplexed_async_connection()).await;
+        if let Ok(Ok(c)) = &dialled {
+            *held = Some(c.clone());
         }
+        drop(held);
+        self.guarded(std::future::ready(dialled)).await.ok()
     }
 
     /// A call failed: the connection is dropped and the tier skipped for a while.
@@ -146,24 +150,36 @@ impl SharedTier {
         self.metrics.up.set(1.0);
     }
 
-    /// `c` under the timeout; a failure marks the tier down.
+    /// `c` under the timeout ([`SharedTier::guarded`]).
     async fn call<T: redis::FromRedisValue>(
         &self,
         c: &mut MultiplexedConnection,
         cmd: &redis::Cmd,
-    ) -> Result<T, redis::RedisError> {
-        let r = match tokio::time::timeout(self.cfg.timeout, cmd.query_async::<T>(c)).await {
-            Ok(r) => r,
-            Err(_) => Err(redis::RedisError::from(std::io::Error::from(std::io::ErrorKind::TimedOut))),
-        };
-        match &r {
-            Ok(_) => self.answered(),
-            Err(e) => {
-                tracing::warn!(error = %e, "shared KV tier call failed");
-                self.failed().await;
+    ) -> Result<T, Failure> {
+        self.guarded(tokio::time::timeout(self.cfg.timeout, cmd.query_async::<T>(c))).await
+    }
+
+    /// What a dial or call bounded by the timeout came to. A failure (an error, no answer in
+    /// time) marks the tier down; Redis refusing a write for want of memory does not.
+    async fn guarded<T>(
+        &self,
+        bounded: impl std::future::Future<Output = Result<redis::RedisResult<T>, tokio::time::error::Elapsed>>,
+    ) -> Result<T, Failure> {
+        let e = match bounded.await {
+            Ok(Ok(v)) => {
+                self.answered();
+                return Ok(v);
             }
-        }
-        r
+            // (A pipeline's server errors come back as one error naming them.)
+            Ok(Err(e)) if e.code() == Some("OOM") || e.to_string().contains("OOM") => {
+                return Err(Failure::Full)
+            }
+            Ok(Err(e)) => e.to_string(),
+            Err(_) => "no answer in time".to_owned(),
+        };
+        tracing::warn!(error = %e, "shared KV tier failed: computing instead for {DOWN_FOR:?}");
+        self.failed().await;
+        Err(Failure::Down)
     }
 
     /// The bytes of the blocks under `hashes`, from the first, up to the first the tier does not
@@ -218,27 +234,16 @@ impl SharedTier {
         for (h, data) in batch {
             pipe.cmd("SET").arg(self.key(*h)).arg(pack(*h, data)).arg("EX").arg(ttl).ignore();
         }
-        let r = tokio::time::timeout(self.cfg.timeout, pipe.query_async::<()>(&mut c)).await;
-        match r {
-            Ok(Ok(())) => {
-                self.answered();
-                self.metrics.count("written", batch.len());
-            }
+        let event = match self
+            .guarded(tokio::time::timeout(self.cfg.timeout, pipe.query_async::<()>(&mut c)))
+            .await
+        {
+            Ok(()) => "written",
             // Full (maxmemory with `noeviction`): the tier is up, it keeps what it has.
-            // (A pipeline's server errors come back as one error naming them.)
-            Ok(Err(e)) if e.code() == Some("OOM") || e.to_string().contains("OOM") => {
-                self.metrics.count("rejected", batch.len())
-            }
-            Ok(Err(e)) => {
-                tracing::warn!(error = %e, "shared KV tier write failed");
-                self.metrics.count("failed", batch.len());
-                self.failed().await;
-            }
-            Err(_) => {
-                self.metrics.count("failed", batch.len());
-                self.failed().await;
-            }
-        }
+            Err(Failure::Full) => "rejected",
+            Err(Failure::Down) => "failed",
+        };
+        self.metrics.count(event, batch.len());
     }
 }
 
@@ -258,9 +263,7 @@ impl BlockSink for SharedTier {
     }
 
     fn forget(&self) {
-        let mut recent = self.recent.lock().unwrap_or_else(|e| e.into_inner());
-        recent.now.clear();
-        recent.before.clear();
+        self.recent.lock().unwrap_or_else(|e| e.into_inner()).clear();
     }
 }
 
