@@ -61,6 +61,17 @@ pub struct Loaded {
     pub blocks: Vec<Vec<u8>>,
 }
 
+impl Loaded {
+    /// What arrived for the blocks `hashes[first..]`, from the first on; `None` when nothing did.
+    pub fn arrived(mut hashes: Vec<BlockHash>, first: usize, blocks: Vec<Vec<u8>>) -> Option<Loaded> {
+        if blocks.is_empty() {
+            return None;
+        }
+        hashes.truncate(first + blocks.len());
+        Some(Loaded { hashes, first, blocks })
+    }
+}
+
 enum Command {
     Add(Box<Sequence>, mpsc::UnboundedSender<RequestOutput>, Option<Loaded>),
     Abort(u64),

@@ -33,8 +33,7 @@ pub async fn fetch(
     }
     let first = engine.cached_prefix(hashes.clone()).await;
     m.moved("skipped", first, 0);
-    let want = hashes[first..].to_vec();
-    let blocks = match receive(cfg, remote, &want).await {
+    let blocks = match receive(cfg, remote, &hashes[first..]).await {
         Ok((blocks, None)) => blocks,
         Ok((blocks, Some(reason))) | Err((blocks, reason)) => {
             m.failed(reason);
@@ -47,11 +46,7 @@ pub async fn fetch(
         tokio::time::sleep(cfg.delay_per_block * blocks.len() as u32).await;
     }
     m.seconds.observe(started.elapsed().as_secs_f64());
-    if blocks.is_empty() {
-        return None;
-    }
-    hashes.truncate(first + blocks.len());
-    Some(Loaded { hashes, first, blocks })
+    Loaded::arrived(hashes, first, blocks)
 }
 
 type Received = Vec<Vec<u8>>;

@@ -65,7 +65,7 @@ async fn from_shared(
     cache_salt: Option<&str>,
 ) -> Option<Loaded> {
     let started = Instant::now();
-    let mut hashes = state.engine.loadable_hashes(prompt, cache_salt);
+    let hashes = state.engine.loadable_hashes(prompt, cache_salt);
     if hashes.is_empty() {
         return None;
     }
@@ -75,11 +75,7 @@ async fn from_shared(
         false => Vec::new(),
     };
     tier.metrics.seconds.observe(started.elapsed().as_secs_f64());
-    if blocks.is_empty() {
-        return None;
-    }
-    hashes.truncate(first + blocks.len());
-    Some(Loaded { hashes, first, blocks })
+    Loaded::arrived(hashes, first, blocks)
 }
 
 /// The `kv_transfer_params` of a prefill's answer: request `id`'s blocks, held here.
