@@ -132,21 +132,21 @@ impl CacheAware {
                 let cached = (u64::from(depth) * per_block).min(tokens);
                 let running = (c.inflight as u64).max(u64::from(c.reported));
                 let queued = c.pending_tokens as f64 + decode_cost * running as f64;
-                let mut work = miss_weight * (tokens - cached) as f64 + queued;
+                // Computing what is not held, the prefix up to `held` brought at `weight` a token.
+                let work_with = |held: u64, weight: f64| {
+                    miss_weight * (tokens - held) as f64 + weight * (held - cached) as f64 + queued
+                };
+                let mut work = work_with(cached, 0.0);
                 let mut fetch = None;
                 if let Some((src, held)) = source.filter(|&(src, held)| src != i && held > cached) {
-                    let fetched = held - cached;
-                    let alt =
-                        miss_weight * (tokens - held) as f64 + self.fetch_weight * fetched as f64 + queued;
+                    let alt = work_with(held, self.fetch_weight);
                     if alt < work {
-                        (work, fetch) = (alt, Some((src, fetched)));
+                        (work, fetch) = (alt, Some((src, held - cached)));
                     }
                 }
                 let mut tiered = 0;
                 if let Some(held) = tier_held.filter(|&held| c.shared_tier && held > cached) {
-                    let alt = miss_weight * (tokens - held) as f64
-                        + self.tier_weight * (held - cached) as f64
-                        + queued;
+                    let alt = work_with(held, self.tier_weight);
                     if alt < work {
                         (work, fetch, tiered) = (alt, None, held - cached);
                     }
